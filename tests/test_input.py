@@ -1,0 +1,173 @@
+"""Semantic 11: bad input gets a clear error and writes nothing; keys are exact."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.engine import Engine
+
+import tierlock
+
+MakeManager = Callable[..., tierlock.LockManager]
+
+BAD_KEYS: list[tuple[object, type[Exception], str]] = [
+    ("", ValueError, "empty"),
+    ((), ValueError, "at least one part"),
+    (42, TypeError, "str or a tuple"),
+    (None, TypeError, "str or a tuple"),
+    (b"user:42", TypeError, "str or a tuple"),
+    (["user", 42], TypeError, "str or a tuple"),
+    (("user", 4.2), TypeError, "float"),
+    (("user", True), TypeError, "bool"),
+    (("user", None), TypeError, "NoneType"),
+    ("x" * 256, ValueError, "at most 255"),
+    (("x" * 200, "y" * 60), ValueError, "at most 255"),
+    ("\U0001f600" * 256, ValueError, "at most 255"),
+    ("nul\x00inside", ValueError, "NUL"),
+    ("lone \ud800 surrogate", ValueError, "Unicode"),
+]
+
+
+@pytest.mark.parametrize(("key", "error", "message"), BAD_KEYS, ids=repr)
+def test_bad_keys_are_rejected_and_nothing_is_written(
+    manager: tierlock.LockManager, key: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        manager.lock(key)  # type: ignore[arg-type]
+    for call in (manager.info, manager.force_release):
+        with pytest.raises(error, match=message):
+            call(key)  # type: ignore[arg-type]
+    assert manager.holders() == []
+
+
+BAD_SECONDS: list[tuple[object, type[Exception]]] = [
+    (0, ValueError),
+    (-1, ValueError),
+    (math.nan, ValueError),
+    ("5", TypeError),
+    (True, TypeError),
+]
+
+
+@pytest.mark.parametrize(("ttl", "error"), BAD_SECONDS, ids=repr)
+def test_bad_ttl_is_rejected_everywhere(
+    make_manager: MakeManager, key: str, ttl: object, error: type[Exception]
+) -> None:
+    manager = make_manager()
+    with pytest.raises(error, match="ttl"):
+        make_manager(ttl=ttl)
+    with pytest.raises(error, match="ttl"):
+        manager.lock(key, ttl=ttl)  # type: ignore[arg-type]
+    with manager.lock(key) as lock:
+        before = manager.info(key)
+        with pytest.raises(error, match="ttl"):
+            lock.extend(ttl)  # type: ignore[arg-type]
+        assert manager.info(key) == before
+    assert manager.holders() == []
+
+
+@pytest.mark.parametrize(
+    ("blocking", "timeout", "error", "message"),
+    [
+        (True, -2, ValueError, "non-negative"),
+        (True, -0.5, ValueError, "non-negative"),
+        (True, math.nan, ValueError, "timeout"),
+        (False, 1, ValueError, "non-blocking"),
+        (False, 0, ValueError, "non-blocking"),
+        (True, "1", TypeError, "timeout"),
+    ],
+)
+def test_bad_acquire_arguments_follow_threading(
+    manager: tierlock.LockManager,
+    key: str,
+    blocking: bool,
+    timeout: object,
+    error: type[Exception],
+    message: str,
+) -> None:
+    lock = manager.lock(key)
+    with pytest.raises(error, match=message):
+        lock.acquire(blocking, timeout)  # type: ignore[arg-type]
+    assert not lock.owned()
+    assert manager.holders() == []
+
+
+def test_acquire_accepts_threading_defaults(manager: tierlock.LockManager, key: str) -> None:
+    lock = manager.lock(key)
+    for blocking, timeout in [(True, -1), (True, None), (False, -1), (True, 0), (True, 1.5)]:
+        assert lock.acquire(blocking, timeout)
+        lock.release()
+    with pytest.raises(ValueError, match="timeout"):
+        manager.lock(key, timeout=-1)
+
+
+@pytest.mark.parametrize(
+    "table", ["bad-name", "locks; DROP TABLE x", "1locks", "public.locks", "", "t" * 41, "lo cks"]
+)
+def test_bad_table_names_are_rejected_and_nothing_is_created(
+    db_url: str, engine: Engine, table: str
+) -> None:
+    before = set(inspect(engine).get_table_names())
+    with pytest.raises(ValueError, match="plain identifier"):
+        tierlock.LockManager(db_url, table=table, reaper_interval=None)
+    assert set(inspect(engine).get_table_names()) == before
+
+
+def test_bad_manager_options_name_the_option(db_url: str, engine: Engine, table: str) -> None:
+    with pytest.raises(ValueError, match="reaper_interval"):
+        tierlock.LockManager(db_url, table=table, reaper_interval=0)
+    with pytest.raises(ValueError, match="poll_interval"):
+        tierlock.LockManager(db_url, table=table, poll_interval=-1)
+    with pytest.raises(ValueError, match="not both"):
+        tierlock.LockManager(db_url, engine=engine, table=table)
+    with pytest.raises(TypeError, match="table"):
+        tierlock.LockManager(db_url, table=42)  # type: ignore[arg-type]
+    assert table not in inspect(engine).get_table_names()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "in-memory"),
+        ("sqlite:///:memory:", "in-memory"),
+        ("oracle://scott@localhost/x", "unsupported database"),
+        ("not a url", "not a database URL"),
+    ],
+)
+def test_unusable_urls_are_rejected(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tierlock.LockManager(url, reaper_interval=None)
+
+
+EXACT_KEYS = [
+    "a",
+    "a ",
+    " a",
+    "A",
+    "\u00df",  # sharp s
+    "ss",
+    "\u00e9",  # e with acute, precomposed
+    "e\u0301",  # e + combining acute
+    "\U0001f600",  # a 4-byte character
+    "\U0001f600 ",
+    "\U0001f601",
+    "100%_'\";--\\",
+    "\U0001f600" * 255,
+    "x" * 255,
+]
+
+
+def test_keys_are_compared_exactly(manager: tierlock.LockManager) -> None:
+    locks = [manager.lock(key) for key in EXACT_KEYS]
+    for lock in locks:
+        assert lock.acquire(blocking=False), f"{lock.key!r} collided with another key"
+    stored = {info.key for info in manager.holders()}
+    assert stored == set(EXACT_KEYS)
+    for lock in locks:
+        info = manager.info(lock.key)
+        assert info is not None and info.token == lock.token
+        lock.release()
+    assert manager.holders() == []

@@ -1,0 +1,71 @@
+"""Tier 2: what a backend must do, and how one is chosen.
+
+A backend knows nothing of threads, reentrancy or queueing (tier 1 does that); it
+only takes, releases and inspects holds of keys, deciding expiry by its own clock.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING
+
+from ..records import LockInfo, Owner
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["LockBackend", "open_backend"]
+
+
+class LockBackend(abc.ABC):
+    """Holds of keys with leases. Methods raise only tierlock errors."""
+
+    @abc.abstractmethod
+    def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
+        """Take ``key`` for ``owner`` for ``ttl`` seconds if it is free or its lease
+        has ended; return the hold's fencing token, or ``None`` if someone holds it."""
+
+    @abc.abstractmethod
+    def release(self, key: str, owner_id: str) -> bool:
+        """End ``owner_id``'s hold of ``key``; ``False`` if it was no longer theirs."""
+
+    @abc.abstractmethod
+    def extend(self, key: str, owner_id: str, ttl: float) -> bool:
+        """Move the hold's lease end to now + ``ttl``; ``False`` if it is not theirs."""
+
+    @abc.abstractmethod
+    def is_locked(self, key: str) -> bool:
+        """Whether an unexpired hold of ``key`` exists."""
+
+    @abc.abstractmethod
+    def info(self, key: str) -> LockInfo | None:
+        """The hold of ``key``, expired or not, if there is one."""
+
+    @abc.abstractmethod
+    def holders(self) -> list[LockInfo]:
+        """Every hold, expired or not, ordered by key."""
+
+    @abc.abstractmethod
+    def force_release(self, key: str) -> bool:
+        """Delete whatever hold ``key`` has; ``False`` if there was none."""
+
+    @abc.abstractmethod
+    def reap(self) -> int:
+        """Delete holds whose lease has ended; return how many."""
+
+    @abc.abstractmethod
+    def after_fork(self) -> None:
+        """Drop connections inherited from the parent process, without closing them."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the backend opened."""
+
+
+def open_backend(
+    url: str | None, engine: Engine | None, *, table: str, create_table: bool
+) -> LockBackend:
+    """The backend for a database URL or a ready SQLAlchemy engine."""
+    from .sql import SQLBackend
+
+    return SQLBackend(url=url, engine=engine, table=table, create_table=create_table)

@@ -1,0 +1,312 @@
+"""The SQLAlchemy backend: SQLite, MariaDB/MySQL (pymysql) and PostgreSQL (psycopg 3).
+
+Error handling. Every operation runs on a connection taken from the pool for that
+operation only, in autocommit mode, so no connection is held between polls or while a
+thread waits (semantic 7). A failed statement is sorted into one of three kinds:
+
+* contention (MariaDB deadlock 1213 or lock wait timeout 1205, PostgreSQL
+  serialization failure or deadlock, SQLite busy): nothing was written; an acquire
+  reports the key as taken and backs off, other operations retry;
+* connection trouble (a dropped or refused connection): the statement may or may not
+  have taken effect, so the retry first checks by owner id what really happened
+  (semantic 9), and after ``ATTEMPTS`` tries a ``BackendError`` is raised;
+* anything else (a missing table, bad SQL): ``BackendError`` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from sqlalchemy import MetaData, create_engine, event, inspect
+from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
+
+from ..errors import BackendError
+from ..records import LockInfo, Owner
+from . import LockBackend
+from .sqltable import MYSQL_FAMILY, REAP_BATCH, Statements, check_table_name, lock_table
+
+__all__ = ["SQLBackend"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Tries of one operation when the connection fails, and the pauses between them:
+# enough to ride over a pool of connections that a server restart made stale.
+ATTEMPTS = 4
+RETRY_PAUSE = 0.05
+
+_MYSQL_CONTENTION = {1205, 1213}  # lock wait timeout, deadlock
+_POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
+_SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+_CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
+
+
+def _engine_for_url(url: str) -> Engine:
+    """An engine in autocommit mode, so that each statement is one round trip.
+
+    With no transaction ever open, the rollbacks SQLAlchemy would send when a
+    connection is closed or returned to the pool (a round trip each on pymysql) have
+    nothing to undo, so they are turned off.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(f"not a database URL: {url!r}") from None
+    options: dict[str, Any] = {
+        "isolation_level": "AUTOCOMMIT",
+        "skip_autocommit_rollback": True,
+        "pool_reset_on_return": None,
+    }
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory":
+            raise ValueError(
+                "an in-memory SQLite database is private to one connection and cannot "
+                "hold locks; give a file, for example sqlite:///tierlock.db"
+            )
+    elif backend not in (*MYSQL_FAMILY, "postgresql"):
+        raise ValueError(
+            f"unsupported database {backend!r} in {parsed!r}: "
+            "use sqlite, mysql, mariadb or postgresql"
+        )
+    try:
+        engine = create_engine(parsed, **options)
+    except (ArgumentError, ImportError) as exc:
+        raise ValueError(f"cannot use {parsed!r}: {exc}") from exc
+    if backend == "sqlite":
+        event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: object) -> None:
+    # WAL lets readers run beside the one writer; the busy timeout makes a writer
+    # wait for the file lock instead of failing at once.
+    dbapi_connection.execute("PRAGMA busy_timeout = 10000")
+    dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+
+def _utc(value: datetime) -> datetime:
+    # PostgreSQL returns aware datetimes in the session's zone; SQLite and MySQL
+    # return naive ones, which hold UTC because only UTC is ever stored.
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def _info(row: RowMapping) -> LockInfo:
+    return LockInfo(
+        key=row["lock_key"],
+        token=row["token"],
+        owner=row["owner_id"],
+        host=row["host"],
+        pid=row["pid"],
+        thread_id=row["thread_id"],
+        thread_name=row["thread_name"],
+        acquired_at=_utc(row["acquired_at"]),
+        expires_at=_utc(row["expires_at"]),
+        expired=bool(row["expired"]),
+    )
+
+
+class SQLBackend(LockBackend):
+    """Holds as rows of one table; see the module docstring for error handling."""
+
+    def __init__(
+        self, *, url: str | None, engine: Engine | None, table: str, create_table: bool
+    ) -> None:
+        self.table = lock_table(check_table_name(table), MetaData())
+        if engine is None:
+            if url is None:
+                raise ValueError("give a database URL or an engine")
+            self._base_engine = _engine_for_url(url)
+            self._owns_engine = True
+            self._engine = self._base_engine
+        else:
+            if url is not None:
+                raise ValueError("give a database URL or an engine, not both")
+            self._base_engine = engine
+            self._owns_engine = False
+            self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.dialect_name = self._engine.dialect.name
+        self.sql = Statements(self.table, self.dialect_name)
+        if create_table:
+            self._create_table()
+
+    def _create_table(self) -> None:
+        try:
+            self.table.create(self._engine, checkfirst=True)
+        except DBAPIError as exc:
+            # Another process may have created it between the check and CREATE.
+            try:
+                exists = inspect(self._engine).has_table(self.table.name)
+            except SQLAlchemyError:
+                exists = False
+            if not exists:
+                raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
+
+    # -- error handling ---------------------------------------------------------
+
+    def _kind(self, exc: DBAPIError) -> str:
+        if exc.connection_invalidated:
+            return _CONNECTION
+        orig = exc.orig
+        mysql_code = orig.args[0] if orig is not None and orig.args else None
+        if (
+            mysql_code in _MYSQL_CONTENTION
+            or getattr(orig, "sqlstate", None) in _POSTGRESQL_CONTENTION
+            or getattr(orig, "sqlite_errorcode", None) in _SQLITE_CONTENTION
+        ):
+            return _CONTENTION
+        if isinstance(exc, OperationalError):
+            return _CONNECTION
+        return _FATAL
+
+    def _run(
+        self,
+        what: str,
+        key: str | None,
+        attempt: Callable[[Connection, bool], T],
+        on_contention: Callable[[], T] | None = None,
+    ) -> T:
+        """Run ``attempt(connection, uncertain)`` with retries.
+
+        ``uncertain`` is True once an earlier try failed in a way that may have taken
+        effect; ``on_contention`` gives the result for contention (else it is retried).
+        """
+        uncertain = False
+        last: DBAPIError | None = None
+        for number in range(ATTEMPTS):
+            if number:
+                time.sleep(RETRY_PAUSE * number)
+            try:
+                with self._engine.connect() as connection:
+                    return attempt(connection, uncertain)
+            except DBAPIError as exc:
+                kind = self._kind(exc)
+                if kind == _FATAL:
+                    raise BackendError(f"{what} failed: {exc.orig}", key) from exc
+                if kind == _CONTENTION and on_contention is not None and not uncertain:
+                    # (Once uncertain, retry instead: the next try checks by owner id.)
+                    return on_contention()
+                logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
+                uncertain = uncertain or kind == _CONNECTION
+                last = exc
+            except SQLAlchemyError as exc:  # e.g. the pool timed out: nothing was sent
+                raise BackendError(f"{what} failed: {exc}", key) from exc
+        assert last is not None
+        raise BackendError(f"{what} failed after {ATTEMPTS} tries: {last.orig}", key) from last
+
+    # -- holds -------------------------------------------------------------------
+
+    def _insert(self, connection: Connection, params: dict[str, Any]) -> int | None:
+        result = connection.execute(self.sql.insert_if_absent, params)
+        if self.sql.returns_token:
+            token: int | None = result.scalar()
+            return token
+        return result.lastrowid if result.rowcount == 1 else None
+
+    def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
+        params = {
+            "key": key,
+            "owner": owner.owner_id,
+            "host_name": owner.host,
+            "proc": owner.pid,
+            "thread": owner.thread_id,
+            "thread_label": owner.thread_name,
+            "ttl": ttl,
+        }
+
+        def attempt(connection: Connection, uncertain: bool) -> int | None:
+            if uncertain:
+                # A dropped connection hid whether our insert committed: ask.
+                token: int | None = connection.execute(self.sql.select_owned_token, params).scalar()
+                if token is not None:
+                    return token
+            token = self._insert(connection, params)
+            if token is None and connection.execute(self.sql.delete_expired_key, params).rowcount:
+                logger.warning("lock %r: took over a hold whose lease had ended", key)
+                token = self._insert(connection, params)
+            return token
+
+        return self._run("acquire", key, attempt, on_contention=lambda: None)
+
+    def release(self, key: str, owner_id: str) -> bool:
+        params = {"key": key, "owner": owner_id}
+
+        def attempt(connection: Connection, uncertain: bool) -> bool:
+            deleted = connection.execute(self.sql.delete_owned, params).rowcount == 1
+            # After a dropped connection, a row that is gone was most likely deleted
+            # by our own earlier try; either way the key is no longer ours.
+            return deleted or uncertain
+
+        return self._run("release", key, attempt)
+
+    def extend(self, key: str, owner_id: str, ttl: float) -> bool:
+        params = {"key": key, "owner": owner_id, "ttl": ttl}
+        return self._run(
+            "extend",
+            key,
+            lambda connection, _: connection.execute(self.sql.extend_owned, params).rowcount == 1,
+        )
+
+    def is_locked(self, key: str) -> bool:
+        return self._run(
+            "locked",
+            key,
+            lambda connection, _: (
+                connection.execute(self.sql.select_live, {"key": key}).first() is not None
+            ),
+        )
+
+    def info(self, key: str) -> LockInfo | None:
+        def attempt(connection: Connection, uncertain: bool) -> LockInfo | None:
+            row = connection.execute(self.sql.select_info, {"key": key}).mappings().first()
+            return None if row is None else _info(row)
+
+        return self._run("info", key, attempt)
+
+    def holders(self) -> list[LockInfo]:
+        return self._run(
+            "holders",
+            None,
+            lambda connection, _: [
+                _info(row) for row in connection.execute(self.sql.select_all).mappings()
+            ],
+        )
+
+    def force_release(self, key: str) -> bool:
+        return self._run(
+            "force_release",
+            key,
+            lambda connection, _: (
+                connection.execute(self.sql.delete_key, {"key": key}).rowcount > 0
+            ),
+        )
+
+    def reap(self) -> int:
+        total = 0
+        while True:
+            deleted: int = self._run(
+                "reap",
+                None,
+                lambda connection, _: connection.execute(self.sql.delete_expired_batch).rowcount,
+            )
+            total += deleted
+            if deleted < REAP_BATCH:
+                return total
+
+    def after_fork(self) -> None:
+        # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
+        self._base_engine.dispose(close=False)
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self._base_engine.dispose()

@@ -1,0 +1,263 @@
+"""The lock table, the database clock, and every SQL statement tier 2 sends.
+
+All times are taken from the database (semantic 3): ``utc_now()`` and ``utc_after()``
+compile to each dialect's own clock, so a client with a skewed clock can neither
+shorten nor stretch a lease. Timestamps are stored in UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    bindparam,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
+from sqlalchemy.sql.expression import ColumnElement, Delete, Executable, FunctionElement, Select
+
+from ..keys import MAX_KEY_LENGTH
+
+__all__ = ["Statements", "check_table_name", "lock_table"]
+
+# Names derived from the table name (index, constraint, sequence) must stay under
+# PostgreSQL's 63-character identifier limit.
+MAX_TABLE_NAME_LENGTH = 40
+_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+# The reaper deletes at most this many rows per statement, so one pass never locks a
+# large part of the table at once.
+REAP_BATCH = 500
+
+MYSQL_FAMILY = ("mysql", "mariadb")
+
+
+def check_table_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"table must be a str, not {type(name).__name__}")
+    if not _PLAIN_IDENTIFIER.match(name) or len(name) > MAX_TABLE_NAME_LENGTH:
+        raise ValueError(
+            f"table must be a plain identifier (letters, digits, underscores, not starting "
+            f"with a digit, at most {MAX_TABLE_NAME_LENGTH} characters), got {name!r}"
+        )
+    return name
+
+
+class LockKeyType(String):
+    """VARCHAR(255) that compares keys exactly: case, trailing spaces, all of Unicode."""
+
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(MAX_KEY_LENGTH)
+
+
+@compiles(LockKeyType, "mysql")
+@compiles(LockKeyType, "mariadb")
+def _key_type_mysql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
+    # utf8mb4_bin is a PAD SPACE collation: 'a' and 'a ' would collide in the unique
+    # index. MariaDB's utf8mb4_nopad_bin and MySQL 8's utf8mb4_0900_bin do not pad.
+    is_mariadb = getattr(compiler.dialect, "is_mariadb", False)
+    collation = "utf8mb4_nopad_bin" if is_mariadb else "utf8mb4_0900_bin"
+    return f"VARCHAR({MAX_KEY_LENGTH}) CHARACTER SET utf8mb4 COLLATE {collation}"
+
+
+@compiles(LockKeyType, "postgresql")
+def _key_type_postgresql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
+    # The "C" collation compares bytes: exact, and the cheapest for a unique index.
+    return f'VARCHAR({MAX_KEY_LENGTH}) COLLATE "C"'
+
+
+# DATETIME(6) on MySQL/MariaDB keeps microseconds; PostgreSQL's timestamptz does already.
+Timestamp = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_FAMILY)
+
+
+def lock_table(name: str, metadata: MetaData | None = None) -> Table:
+    """The lock table. ``token`` is an ever-increasing identity, so it doubles as the
+    fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
+    PostgreSQL's sequence never hand out a value twice, across restarts too."""
+    return Table(
+        name,
+        metadata if metadata is not None else MetaData(),
+        Column(
+            "token",
+            BigInteger().with_variant(Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
+        Column("lock_key", LockKeyType(), nullable=False),
+        Column("owner_id", String(32), nullable=False),
+        Column("host", String(255), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("thread_id", BigInteger, nullable=False),
+        Column("thread_name", String(255), nullable=False),
+        Column("acquired_at", Timestamp, nullable=False),
+        Column("expires_at", Timestamp, nullable=False),
+        UniqueConstraint("lock_key", name=f"uq_{name}_lock_key"),
+        Index(f"ix_{name}_expires_at", "expires_at"),
+        sqlite_autoincrement=True,
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+    )
+
+
+class utc_now(FunctionElement[Any]):
+    """The database's current UTC time."""
+
+    type = Timestamp
+    inherit_cache = True
+
+
+class utc_after(FunctionElement[Any]):
+    """The database's current UTC time plus a number of seconds."""
+
+    type = Timestamp
+    inherit_cache = True
+
+
+# SQLite's strftime gives milliseconds; three zeros make a six-digit fraction, the
+# form SQLAlchemy reads back, and keep stored values comparable as text.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{}) || '000'"
+
+
+@compiles(utc_now, "sqlite")
+def _now_sqlite(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return _SQLITE_NOW.format("")
+
+
+@compiles(utc_after, "sqlite")
+def _after_sqlite(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return _SQLITE_NOW.format(f", printf('%+.3f seconds', {seconds})")
+
+
+@compiles(utc_now, "mysql")
+@compiles(utc_now, "mariadb")
+def _now_mysql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(utc_after, "mysql")
+@compiles(utc_after, "mariadb")
+def _after_mysql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"UTC_TIMESTAMP(6) + INTERVAL ROUND({seconds} * 1000000) MICROSECOND"
+
+
+@compiles(utc_now, "postgresql")
+def _now_postgresql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "statement_timestamp()"
+
+
+@compiles(utc_after, "postgresql")
+def _after_postgresql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"statement_timestamp() + make_interval(secs => {seconds})"
+
+
+def _expired(table: Table) -> ColumnElement[bool]:
+    return table.c.expires_at <= utc_now()
+
+
+class Statements:
+    """Every statement for one table and dialect, built once so that SQLAlchemy's
+    compiled cache serves each execution. Bound parameter names: ``key``, ``owner``,
+    ``ttl`` (seconds), and for the insert ``host_name``, ``proc``, ``thread``,
+    ``thread_label``."""
+
+    def __init__(self, table: Table, dialect_name: str) -> None:
+        c = table.c
+        key_is = c.lock_key == bindparam("key")
+        owned = key_is & (c.owner_id == bindparam("owner"))
+        self.returns_token = dialect_name == "postgresql"
+
+        # insert_if_absent(key, owner, host_name, proc, thread, thread_label, ttl):
+        # 1 row (PostgreSQL: the token returned) if the key was free, 0 rows if taken.
+        # The dialect's insert-if-absent form means contention raises no error and
+        # writes no line to the server's log.
+        values = {
+            "lock_key": bindparam("key"),
+            "owner_id": bindparam("owner"),
+            "host": bindparam("host_name"),
+            "pid": bindparam("proc"),
+            "thread_id": bindparam("thread"),
+            "thread_name": bindparam("thread_label"),
+            "acquired_at": utc_now(),
+            "expires_at": utc_after(bindparam("ttl", type_=Float)),
+        }
+        self.insert_if_absent: Executable
+        if dialect_name == "postgresql":
+            self.insert_if_absent = (
+                postgresql.insert(table)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+                .returning(c.token)
+            )
+        elif dialect_name == "sqlite":
+            self.insert_if_absent = (
+                sqlite.insert(table)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+            )
+        else:
+            # Safe here, though IGNORE also demotes other errors to warnings: every
+            # value is checked or cut to its column's size before it is sent.
+            self.insert_if_absent = insert(table).values(values).prefix_with("IGNORE")
+
+        # delete_expired_key(key): 1 row if an expired hold of the key was removed so a
+        # waiter can take over; 0 rows if the key is free or held under a live lease.
+        self.delete_expired_key = delete(table).where(key_is & _expired(table))
+
+        # delete_owned(key, owner): 1 row if the hold was ours and is now released;
+        # 0 rows if it is no longer ours (reaped, taken over or force-released).
+        self.delete_owned = delete(table).where(owned)
+
+        # extend_owned(key, owner, ttl): 1 row if our hold now lasts ttl from now;
+        # 0 rows if it is no longer ours.
+        self.extend_owned = (
+            update(table).where(owned).values(expires_at=utc_after(bindparam("ttl", type_=Float)))
+        )
+
+        # select_owned_token(key, owner): the token if we hold the key, else no row.
+        # Resolves an insert whose outcome a dropped connection hid.
+        self.select_owned_token = select(c.token).where(owned)
+
+        # select_live(key): a row if the key has an unexpired hold.
+        self.select_live = select(c.token).where(key_is & ~_expired(table))
+
+        # select_info(key) / select_all(): rows with the database's verdict on expiry.
+        columns = [*table.c, _expired(table).label("expired")]
+        self.select_info: Select[Any] = select(*columns).where(key_is)
+        self.select_all: Select[Any] = select(*columns).order_by(c.lock_key)
+
+        # delete_key(key): 1 row if the key had a hold, whoever's; 0 rows if free.
+        self.delete_key = delete(table).where(key_is)
+
+        # delete_expired_batch(): up to REAP_BATCH expired rows; fewer means none are left.
+        self.delete_expired_batch: Delete
+        if dialect_name in MYSQL_FAMILY:
+            # MySQL forbids a subquery on the table being deleted from, but has LIMIT.
+            self.delete_expired_batch = (
+                delete(table)
+                .where(_expired(table))
+                .with_dialect_options(**{f"{dialect_name}_limit": REAP_BATCH})
+            )
+        else:
+            batch = select(c.token).where(_expired(table)).limit(REAP_BATCH)
+            self.delete_expired_batch = delete(table).where(c.token.in_(batch.scalar_subquery()))

@@ -1,0 +1,425 @@
+"""``LockManager`` and ``Lock``: tier 1 (``local.Registry``) in front of a backend."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import os
+import random
+import re
+import string
+import time
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .backends import LockBackend, open_backend
+from .errors import LockError, LockLostError, LockTimeout, NotHeldError
+from .keys import KeyLike, make_key
+from .local import Registry
+from .reaper import Reaper
+from .records import Hold, LockInfo, Owner
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["Lock", "LockManager"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_URL = "sqlite:///tierlock.db"
+DEFAULT_TABLE = "tierlock_locks"
+DEFAULT_TTL = 30.0
+# Waiters take expired rows over themselves, so the reaper only sweeps rows nobody
+# asks for again; once a minute keeps the table small at negligible cost.
+DEFAULT_REAPER_INTERVAL = 60.0
+# The longest pause between two tries at a key held elsewhere. Pauses start at
+# FIRST_POLL and double, with jitter so that waiting processes do not try in step.
+DEFAULT_POLL_INTERVAL = 0.1
+FIRST_POLL = 0.002
+
+
+def _seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
+    """``value`` checked as a number of seconds, for option ``name``."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if math.isnan(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = "non-negative" if zero_ok else "positive"
+        raise ValueError(f"{name} must be a {bound} number of seconds, got {value!r}")
+    return float(value)
+
+
+def _wait_time(blocking: bool, timeout: float | None) -> float | None:
+    """threading.RLock.acquire's rules, with ``None`` also meaning "forever".
+
+    Returns the seconds to wait: ``None`` for no limit, ``0.0`` for no wait.
+    """
+    if timeout is None or (blocking and timeout == -1):
+        return None if blocking else 0.0
+    if not blocking:
+        if timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        return 0.0
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout < 0:
+        raise ValueError("timeout value must be a non-negative number (or -1 for no limit)")
+    limit: float = _seconds("timeout", timeout, zero_ok=True)
+    return None if math.isinf(limit) else limit
+
+
+_managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for manager in list(_managers):
+        manager._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class LockManager:
+    """Distributed locks kept in a database table, with a per-process first tier.
+
+    ::
+
+        locks = tierlock.LockManager("postgresql+psycopg://postgres@127.0.0.1/test")
+        with locks.lock(("user", 42)):          # blocks until held
+            ...
+        with locks.lock("order:7", ttl=10, timeout=5):
+            ...                                 # LockTimeout after 5 s of waiting
+
+        @locks.synchronized("user:{user_id}")
+        def transfer(user_id: int, amount: int) -> None: ...
+
+    :param url: a SQLAlchemy database URL; ``sqlite:///tierlock.db`` if neither it
+        nor ``engine`` is given. Engines made from a URL run in autocommit mode.
+    :param engine: a ready SQLAlchemy ``Engine`` to use instead of ``url``.
+    :param table: the lock table's name, a plain identifier.
+    :param ttl: the default lease of a hold, in seconds. A holder that neither
+        releases nor extends within it loses the hold.
+    :param create_table: create the table if it does not exist.
+    :param reaper_interval: seconds between passes of the background job that deletes
+        expired rows (default 60); ``None`` does not start it.
+    :param poll_interval: the longest pause between two tries at a key held by
+        another process.
+    :raises ValueError, TypeError: a bad option; the message names it.
+    :raises BackendError: the table could not be created.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        table: str = DEFAULT_TABLE,
+        ttl: float = DEFAULT_TTL,
+        create_table: bool = True,
+        reaper_interval: float | None = DEFAULT_REAPER_INTERVAL,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> None:
+        self.ttl: float = _seconds("ttl", ttl)
+        self.poll_interval: float = _seconds("poll_interval", poll_interval)
+        reaper_interval = _seconds("reaper_interval", reaper_interval, none_ok=True)
+        if url is None and engine is None:
+            url = DEFAULT_URL
+        self._backend: LockBackend = open_backend(
+            url, engine, table=table, create_table=create_table
+        )
+        self._registry: Registry[Hold] = Registry()
+        self._reaper = Reaper(self.reap)
+        self._closed = False
+        _managers.add(self)
+        if reaper_interval is not None:
+            self._reaper.start(reaper_interval)
+
+    # -- handles ---------------------------------------------------------------
+
+    def lock(self, key: KeyLike, *, ttl: float | None = None, timeout: float | None = None) -> Lock:
+        """A handle on ``key``; see :class:`Lock`.
+
+        :param ttl: this handle's lease in seconds (default: the manager's).
+        :param timeout: how long ``with`` waits before raising ``LockTimeout``
+            (default: no limit). ``acquire()`` keeps threading's defaults.
+        """
+        return Lock(self, key, ttl=ttl, timeout=timeout)
+
+    def synchronized(
+        self, key: str, *, ttl: float | None = None, timeout: float | None = None
+    ) -> Callable[[F], F]:
+        """Decorate a function so that each call runs holding a lock.
+
+        ``key`` is a ``str.format`` template filled from the call's bound arguments,
+        defaults included: ``"user:{user_id}"`` or ``"order:{order.id}"``.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"synchronized() takes a key template str, not {type(key).__name__}")
+        fields = {field for _, field, _, _ in string.Formatter().parse(key) if field is not None}
+        roots = {re.split(r"[.\[]", field, maxsplit=1)[0] for field in fields}
+        if not fields:
+            make_key(key)
+
+        def decorate(function: F) -> F:
+            signature = inspect.signature(function)
+            unknown = sorted(roots - signature.parameters.keys())
+            if unknown:
+                raise ValueError(
+                    f"key template {key!r} names {', '.join(map(repr, unknown))}, which "
+                    f"{function.__qualname__}() has no parameter for"
+                )
+
+            @functools.wraps(function)
+            def synchronized_call(*args: Any, **kwargs: Any) -> Any:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                with self.lock(key.format(**bound.arguments), ttl=ttl, timeout=timeout):
+                    return function(*args, **kwargs)
+
+            return synchronized_call  # type: ignore[return-value]
+
+        return decorate
+
+    # -- admin -------------------------------------------------------------------
+
+    def info(self, key: KeyLike) -> LockInfo | None:
+        """The row holding ``key``, expired or not, or ``None`` if it is free."""
+        return self._backend.info(make_key(key))
+
+    def holders(self) -> list[LockInfo]:
+        """Every row in the table, expired or not, ordered by key."""
+        return self._backend.holders()
+
+    def force_release(self, key: KeyLike) -> bool:
+        """Delete whatever row holds ``key``, whoever's it is; ``False`` if none did.
+
+        The old holder's next ``release()`` or ``extend()`` raises ``LockLostError``.
+        """
+        key = make_key(key)
+        removed = self._backend.force_release(key)
+        if removed:
+            logger.warning("lock %r force-released", key)
+        return removed
+
+    def reap(self) -> int:
+        """Delete every row whose lease has ended, now; return how many."""
+        count = self._backend.reap()
+        if count:
+            logger.warning("reaped %d expired lock row(s)", count)
+        return count
+
+    def start_reaper(self, interval: float) -> None:
+        """Reap every ``interval`` seconds in a background thread (restart if running)."""
+        self._reaper.start(_seconds("interval", interval))
+
+    def stop_reaper(self) -> None:
+        self._reaper.stop()
+
+    @property
+    def reaper_running(self) -> bool:
+        return self._reaper.running
+
+    def close(self) -> None:
+        """Stop the reaper and close connections the manager opened.
+
+        Holds still open are not released; their rows expire with their leases.
+        """
+        self._closed = True
+        self._reaper.stop()
+        self._backend.close()
+
+    def __enter__(self) -> LockManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _after_fork(self) -> None:
+        self._registry.reset()
+        self._reaper.forget()
+        self._backend.after_fork()
+
+    # -- the two tiers -----------------------------------------------------------
+
+    def _acquire(self, key: str, ttl: float, wait: float | None) -> bool:
+        if self._closed:
+            raise LockError("this LockManager is closed", key)
+        registry = self._registry
+        if registry.reenter(key):
+            return True
+        deadline = None if wait is None else time.monotonic() + wait
+        if not registry.claim(key, wait):
+            return False
+        try:
+            hold = self._acquire_remote(key, ttl, deadline)
+        except BaseException:
+            registry.unclaim(key)
+            raise
+        if hold is None:
+            registry.unclaim(key)
+            return False
+        registry.settle(key, hold)
+        logger.debug("acquired %r (token %d, owner %s)", key, hold.token, hold.owner_id)
+        return True
+
+    def _acquire_remote(self, key: str, ttl: float, deadline: float | None) -> Hold | None:
+        """Try the backend until it grants ``key`` or ``deadline`` passes."""
+        owner = Owner.current()
+        pause = FIRST_POLL
+        while True:
+            token = self._backend.try_acquire(key, owner, ttl)
+            if token is not None:
+                return Hold(key, token, owner.owner_id)
+            delay = random.uniform(pause / 2, pause)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                delay = min(delay, remaining)
+            # No connection is held here: each try takes one from the pool and returns it.
+            time.sleep(delay)
+            pause = min(pause * 2, self.poll_interval)
+
+    def _release(self, key: str) -> None:
+        hold = self._registry.exit(key)
+        if hold is None:
+            return  # an inner reentrant release
+        try:
+            released = self._backend.release(key, hold.owner_id)
+        finally:
+            self._registry.unclaim(key)
+        if not released:
+            logger.warning("lock %r (token %d) was lost before its release", key, hold.token)
+            raise LockLostError(key, hold.token)
+        logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
+
+    def _extend(self, key: str, ttl: float) -> None:
+        hold = self._registry.hold(key)
+        if hold is None:
+            raise NotHeldError(key)
+        if not self._backend.extend(key, hold.owner_id, ttl):
+            logger.warning(
+                "lock %r (token %d) was lost before it could be extended", key, hold.token
+            )
+            raise LockLostError(key, hold.token)
+        logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
+
+
+class Lock:
+    """A handle on one key of a :class:`LockManager`; cheap, and may be shared by threads.
+
+    It behaves like ``threading.RLock`` across threads, processes and hosts::
+
+        lock = locks.lock("user:42")
+        if lock.acquire(timeout=2):
+            try:
+                ...                      # lock.token fences writes made here
+            finally:
+                lock.release()
+
+    What a thread holds is tracked per manager and key, not per handle: two handles
+    on the same key are one lock.
+    """
+
+    __slots__ = ("__weakref__", "_key", "_manager", "_timeout", "_ttl")
+
+    def __init__(
+        self,
+        manager: LockManager,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._manager = manager
+        self._key = make_key(key)
+        self._ttl: float | None = _seconds("ttl", ttl, none_ok=True)
+        self._timeout: float | None = _seconds("timeout", timeout, none_ok=True, zero_ok=True)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        """The lease of each hold taken through this handle, in seconds."""
+        return self._manager.ttl if self._ttl is None else self._ttl
+
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
+        """Acquire the lock, with ``threading.RLock.acquire``'s arguments and rules.
+
+        ``timeout=None`` also means no limit. Reentrant: a thread that holds the lock
+        gets it again at once, and must release it as many times.
+
+        :returns: whether the lock is now held.
+        :raises BackendError: the database failed.
+        """
+        return self._manager._acquire(self._key, self.ttl, _wait_time(blocking, timeout))
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; the last deletes the row.
+
+        :raises NotHeldError: the calling thread does not hold the lock.
+        :raises LockLostError: the hold was already gone (its lease ran out and it was
+            reaped or taken over, or it was force-released). The lock is released
+            locally all the same.
+        """
+        self._manager._release(self._key)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Push the calling thread's lease to now + ``ttl`` by the database's clock.
+
+        :param ttl: seconds; default the handle's ttl.
+        :raises NotHeldError: the calling thread does not hold the lock.
+        :raises LockLostError: the hold was already gone.
+        """
+        seconds = self.ttl if ttl is None else _seconds("ttl", ttl)
+        self._manager._extend(self._key, seconds)
+
+    def locked(self) -> bool:
+        """Whether anyone, in any thread, process or host, holds an unexpired lease."""
+        return self._manager._backend.is_locked(self._key)
+
+    def owned(self) -> bool:
+        """Whether the calling thread holds the lock."""
+        return self._manager._registry.hold(self._key) is not None
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the calling thread's hold, or ``None``.
+
+        Tokens strictly increase across successive holds of a key; storage that
+        remembers the highest token it accepted can reject a stale holder's writes.
+        """
+        hold = self._manager._registry.hold(self._key)
+        return None if hold is None else hold.token
+
+    def __enter__(self) -> Lock:
+        if not self.acquire(timeout=self._timeout):
+            raise LockTimeout(self._key, self._timeout or 0.0)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except LockError as release_error:
+            # Do not hide the body's exception behind the release's.
+            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
+
+    def __repr__(self) -> str:
+        # From tier 1 alone: a repr must not query the database.
+        state = "locked" if self._manager._registry.is_held(self._key) else "unlocked"
+        return f"<{state} tierlock.Lock object key={self._key!r} at {id(self):#x}>"

@@ -1,0 +1,62 @@
+"""The background job that deletes rows whose lease has ended.
+
+Waiters take an expired row over by themselves; the reaper is for rows nobody asks
+for again, left by holders that died or failed to release.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timezone
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from .errors import LockError
+
+__all__ = ["Reaper"]
+
+logger = logging.getLogger(__name__)
+
+JOB_ID = "tierlock-reaper"
+
+
+class Reaper:
+    """One scheduler with one interval job that calls ``reap``."""
+
+    def __init__(self, reap: Callable[[], int]) -> None:
+        self._reap = reap
+        self._scheduler: BackgroundScheduler | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._scheduler is not None
+
+    def start(self, interval: float) -> None:
+        """Run ``reap`` every ``interval`` seconds; restarting changes the interval."""
+        self.stop()
+        scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1},
+            timezone=timezone.utc,
+        )
+        scheduler.add_job(self._run, "interval", seconds=interval, id=JOB_ID)
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def stop(self) -> None:
+        """Stop the job, waiting for a pass in progress to end."""
+        if self._scheduler is not None:
+            scheduler, self._scheduler = self._scheduler, None
+            scheduler.shutdown(wait=True)
+
+    def forget(self) -> None:
+        """Drop the scheduler without stopping it: in a forked child its thread is gone."""
+        self._scheduler = None
+
+    def _run(self) -> None:
+        try:
+            self._reap()
+        except LockError as exc:
+            logger.warning("reaper pass failed, will try again: %s", exc)

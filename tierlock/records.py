@@ -1,0 +1,75 @@
+"""The values passed between the manager and a backend, and the public ``LockInfo``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import secrets
+import socket
+import threading
+from datetime import datetime
+
+__all__ = ["LockInfo", "Owner"]
+
+# Host and thread names are stored in VARCHAR(255) columns; longer ones are cut here
+# rather than refused by the server, since they only describe the holder.
+MAX_LABEL_LENGTH = 255
+
+
+@functools.cache
+def _hostname() -> str:
+    return socket.gethostname()[:MAX_LABEL_LENGTH]
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who asks for a hold; ``owner_id`` is fresh for every hold and is what release
+    and extend compare, so a stale or foreign holder can never touch the row."""
+
+    owner_id: str
+    host: str
+    pid: int
+    thread_id: int
+    thread_name: str
+
+    @classmethod
+    def current(cls) -> Owner:
+        thread = threading.current_thread()
+        return cls(
+            owner_id=secrets.token_hex(16),
+            host=_hostname(),
+            pid=os.getpid(),
+            thread_id=threading.get_ident(),
+            thread_name=thread.name[:MAX_LABEL_LENGTH],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """A hold of one key won in the backend."""
+
+    key: str
+    token: int
+    owner_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """A lock row as the database has it.
+
+    ``acquired_at`` and ``expires_at`` are timezone-aware UTC datetimes from the
+    database's clock; ``expired`` says whether, by that clock, the lease had ended
+    when the row was read (such a row no longer counts as held).
+    """
+
+    key: str
+    token: int
+    owner: str
+    host: str
+    pid: int
+    thread_id: int
+    thread_name: str
+    acquired_at: datetime
+    expires_at: datetime
+    expired: bool
