@@ -272,9 +272,10 @@ class LockManager:
         owner = Owner.current()
         pause = FIRST_POLL
         while True:
+            sent = time.monotonic()
             token = self._backend.try_acquire(key, owner, ttl)
             if token is not None:
-                return Hold(key, token, owner.owner_id)
+                return Hold(key, token, owner.owner_id, live_until=sent + ttl)
             delay = random.uniform(pause / 2, pause)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -290,7 +291,7 @@ class LockManager:
         if hold is None:
             return  # an inner reentrant release
         try:
-            released = self._backend.release(key, hold.owner_id)
+            released = self._backend.release(key, hold.owner_id, hold.live_until)
         finally:
             self._registry.unclaim(key)
         if not released:
@@ -302,11 +303,13 @@ class LockManager:
         hold = self._registry.hold(key)
         if hold is None:
             raise NotHeldError(key)
+        sent = time.monotonic()
         if not self._backend.extend(key, hold.owner_id, ttl):
             logger.warning(
                 "lock %r (token %d) was lost before it could be extended", key, hold.token
             )
             raise LockLostError(key, hold.token)
+        hold.live_until = sent + ttl
         logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
 
 

@@ -45,13 +45,19 @@ class Owner:
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Hold:
-    """A hold of one key won in the backend."""
+    """A hold of one key won in the backend.
+
+    ``live_until`` is a ``time.monotonic()`` reading before which the lease surely
+    has not ended: the lease was set to ``ttl`` from a moment after the request was
+    sent, and clocks may disagree on the time but not on how fast it passes.
+    """
 
     key: str
     token: int
     owner_id: str
+    live_until: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,12 @@ class LockBackend(abc.ABC):
         has ended; return the hold's fencing token, or ``None`` if someone holds it."""
 
     @abc.abstractmethod
-    def release(self, key: str, owner_id: str) -> bool:
-        """End ``owner_id``'s hold of ``key``; ``False`` if it was no longer theirs."""
+    def release(self, key: str, owner_id: str, live_until: float) -> bool:
+        """End ``owner_id``'s hold of ``key``; ``False`` if it was no longer theirs.
+
+        ``live_until`` (``time.monotonic()``) is when the hold's lease may first end:
+        before then nobody else can have removed the row.
+        """
 
     @abc.abstractmethod
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:

@@ -48,6 +48,21 @@ _SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 _CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
 
+# Seconds. Every statement tierlock sends touches one row (or one reaper batch) in
+# autocommit mode, so a reply slower than READ_TIMEOUT means the server or the network
+# is in trouble. pymysql also applies its read timeout to the connection handshake.
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 20
+_DRIVER_TIMEOUTS: dict[str, dict[str, Any]] = {
+    "mysql": {
+        "connect_timeout": CONNECT_TIMEOUT,
+        "read_timeout": READ_TIMEOUT,
+        "write_timeout": READ_TIMEOUT,
+    },
+    # libpq: tcp_user_timeout (ms) drops a connection whose sent data stays unacknowledged.
+    "postgresql": {"connect_timeout": CONNECT_TIMEOUT, "tcp_user_timeout": READ_TIMEOUT * 1000},
+}
+
 
 def _engine_for_url(url: str) -> Engine:
     """An engine in autocommit mode, so that each statement is one round trip.
@@ -77,6 +92,13 @@ def _engine_for_url(url: str) -> Engine:
             f"unsupported database {backend!r} in {parsed!r}: "
             "use sqlite, mysql, mariadb or postgresql"
         )
+    else:
+        # Without these a server that stops answering blocks a caller for good,
+        # whatever its timeout; options given in the URL's query take precedence.
+        defaults = _DRIVER_TIMEOUTS["postgresql" if backend == "postgresql" else "mysql"]
+        options["connect_args"] = {
+            name: value for name, value in defaults.items() if name not in parsed.query
+        }
     try:
         engine = create_engine(parsed, **options)
     except (ArgumentError, ImportError) as exc:
@@ -165,7 +187,8 @@ class SQLBackend(LockBackend):
             or getattr(orig, "sqlite_errorcode", None) in _SQLITE_CONTENTION
         ):
             return _CONTENTION
-        if isinstance(exc, OperationalError):
+        # SQLite has no connection to lose: "no such table" is an OperationalError too.
+        if isinstance(exc, OperationalError) and self.dialect_name != "sqlite":
             return _CONNECTION
         return _FATAL
 
@@ -238,14 +261,16 @@ class SQLBackend(LockBackend):
 
         return self._run("acquire", key, attempt, on_contention=lambda: None)
 
-    def release(self, key: str, owner_id: str) -> bool:
+    def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}
 
         def attempt(connection: Connection, uncertain: bool) -> bool:
-            deleted = connection.execute(self.sql.delete_owned, params).rowcount == 1
-            # After a dropped connection, a row that is gone was most likely deleted
-            # by our own earlier try; either way the key is no longer ours.
-            return deleted or uncertain
+            if connection.execute(self.sql.delete_owned, params).rowcount == 1:
+                return True
+            # The row is gone. After a dropped connection that may be our own earlier
+            # try's doing, but only while the lease surely ran could nobody else (the
+            # reaper, a waiter taking over) have removed it; after that, it is lost.
+            return uncertain and time.monotonic() < live_until
 
         return self._run("release", key, attempt)
 

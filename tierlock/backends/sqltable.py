@@ -112,8 +112,11 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
         UniqueConstraint("lock_key", name=f"uq_{name}_lock_key"),
         Index(f"ix_{name}_expires_at", "expires_at"),
         sqlite_autoincrement=True,
+        # A mysql+ URL on MariaDB compiles with the "mysql" dialect, mariadb+ with "mariadb".
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
+        mariadb_engine="InnoDB",
+        mariadb_charset="utf8mb4",
     )
 
 

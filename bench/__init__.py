@@ -1,0 +1,1 @@
+"""Benchmarks of tierlock against its floor; run them with ``python -m bench``."""

@@ -1,0 +1,3 @@
+from .acquire_release import main
+
+raise SystemExit(main())

@@ -1,0 +1,34 @@
+-- The tierlock lock table on MariaDB, for the default table name tierlock_locks.
+--
+-- On MySQL 8, tierlock gives lock_key COLLATE utf8mb4_0900_bin instead of
+-- utf8mb4_nopad_bin (MySQL's name for the same idea). Keys are compared exactly, so
+-- lock_key needs a binary NO PAD collation: under a PAD SPACE one such as utf8mb4_bin,
+-- 'a' and 'a ' would collide in the unique key; under a case-insensitive one, 'A' and
+-- 'a' would be one lock.
+--
+-- tierlock.LockManager creates this table and index itself; run this file only when
+-- the application must not create tables, and pass create_table=False. For another
+-- table name, replace tierlock_locks everywhere, the constraint and index names too.
+--
+-- token        fencing token; InnoDB's AUTO_INCREMENT rises per hold, across restarts
+-- lock_key     the key, e.g. 'user:42'; unique, so one row (one hold) per key
+-- owner_id     random id of this hold; release and extend touch the row only with it
+-- host, pid, thread_id, thread_name   who holds it
+-- acquired_at  when the hold began (UTC, the database's clock)
+-- expires_at   when the lease ends (UTC, the database's clock); the reaper's index
+
+CREATE TABLE tierlock_locks (
+    token       BIGINT NOT NULL AUTO_INCREMENT,
+    lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
+    owner_id    VARCHAR(32) NOT NULL,
+    host        VARCHAR(255) NOT NULL,
+    pid         INTEGER NOT NULL,
+    thread_id   BIGINT NOT NULL,
+    thread_name VARCHAR(255) NOT NULL,
+    acquired_at DATETIME(6) NOT NULL,
+    expires_at  DATETIME(6) NOT NULL,
+    PRIMARY KEY (token),
+    CONSTRAINT uq_tierlock_locks_lock_key UNIQUE (lock_key)
+) ENGINE=InnoDB CHARSET=utf8mb4;
+
+CREATE INDEX ix_tierlock_locks_expires_at ON tierlock_locks (expires_at);

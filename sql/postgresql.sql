@@ -1,0 +1,28 @@
+-- The tierlock lock table on PostgreSQL, for the default table name tierlock_locks.
+--
+-- tierlock.LockManager creates this table and index itself; run this file only when
+-- the application must not create tables, and pass create_table=False. For another
+-- table name, replace tierlock_locks everywhere, the constraint and index names too.
+--
+-- token        fencing token; its sequence never hands out a value twice
+-- lock_key     the key, e.g. 'user:42'; unique, compared byte for byte (COLLATE "C")
+-- owner_id     random id of this hold; release and extend touch the row only with it
+-- host, pid, thread_id, thread_name   who holds it
+-- acquired_at  when the hold began (the database's clock)
+-- expires_at   when the lease ends (the database's clock); the reaper's index
+
+CREATE TABLE tierlock_locks (
+    token       BIGSERIAL NOT NULL,
+    lock_key    VARCHAR(255) COLLATE "C" NOT NULL,
+    owner_id    VARCHAR(32) NOT NULL,
+    host        VARCHAR(255) NOT NULL,
+    pid         INTEGER NOT NULL,
+    thread_id   BIGINT NOT NULL,
+    thread_name VARCHAR(255) NOT NULL,
+    acquired_at TIMESTAMP WITH TIME ZONE NOT NULL,
+    expires_at  TIMESTAMP WITH TIME ZONE NOT NULL,
+    PRIMARY KEY (token),
+    CONSTRAINT uq_tierlock_locks_lock_key UNIQUE (lock_key)
+);
+
+CREATE INDEX ix_tierlock_locks_expires_at ON tierlock_locks (expires_at);

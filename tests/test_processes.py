@@ -1,0 +1,233 @@
+"""The lock across processes: mutual exclusion, waits, dead holders and fork safety.
+
+Every child builds its own ``LockManager`` on the test's database and table, exactly
+as another program would; the shared counters live in shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import procs
+import pytest
+
+import tierlock
+
+pytestmark = pytest.mark.multiprocess
+
+PROCESSES = 4
+THREADS = 4
+SECTIONS = 10  # per thread
+TOTAL = PROCESSES * THREADS * SECTIONS
+DEAD_TTL = 1.0  # the lease of a holder that gets killed
+SLACK = 5.0  # generous room for a loaded machine in upper bounds
+
+
+@pytest.fixture
+def children() -> Iterator[procs.Children]:
+    """The test's child processes; any still running at the end are killed."""
+    group = procs.Children()
+    try:
+        yield group
+    finally:
+        group.kill_all()
+
+
+def run_hammer(
+    children: procs.Children, url: str | None, table: str, keys: list[str], tally: procs.Tally
+) -> None:
+    start = procs.CTX.Barrier(PROCESSES * THREADS)
+    for _ in range(PROCESSES):
+        children.start(
+            procs.hammer,
+            url=url,
+            table=table,
+            keys=keys,
+            tally=tally,
+            threads=THREADS,
+            sections=SECTIONS,
+            start=start,
+        )
+    children.join()
+
+
+@pytest.mark.slow
+def test_hot_key_mutual_exclusion(
+    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+) -> None:
+    """Sixteen threads in four processes on one key: no section overlaps another."""
+    tally = procs.Tally(1)
+    run_hammer(children, db_url, table, [key], tally)
+    assert tally.entries[0] == TOTAL
+    assert tally.most_inside[0] == 1
+    assert tally.counters[0] == TOTAL
+    assert manager.info(key) is None
+
+
+@pytest.mark.slow
+def test_key_set_mutual_exclusion(
+    manager: tierlock.LockManager, db_url: str, table: str, children: procs.Children
+) -> None:
+    """Sections on random keys of a set: each key's sections exclude each other."""
+    keys = [f"key:{uuid.uuid4().hex}:{n}" for n in range(4)]
+    tally = procs.Tally(len(keys))
+    run_hammer(children, db_url, table, keys, tally)
+    assert sum(tally.entries) == TOTAL
+    assert list(tally.most_inside) == [1 if entries else 0 for entries in tally.entries]
+    assert list(tally.counters) == list(tally.entries)
+    assert manager.holders() == []
+
+
+def test_control_without_lock_loses_updates(children: procs.Children) -> None:
+    """The same workload with no lock overlaps and loses updates: the tally can tell."""
+    tally = procs.Tally(1)
+    run_hammer(children, None, "unused", ["key"], tally)
+    assert tally.entries[0] == TOTAL
+    assert tally.most_inside[0] > 1
+    assert tally.counters[0] < TOTAL
+
+
+def test_wait_for_holder_in_other_process(
+    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+) -> None:
+    """A hold in another process makes a timed acquire wait it out and a non-blocking
+    one fail at once; after its release the key can be taken."""
+    held, may_release = procs.CTX.Event(), procs.CTX.Event()
+    holder = children.start(
+        procs.hold, url=db_url, table=table, key=key, ttl=30.0, held=held, may_release=may_release
+    )
+    assert held.wait(procs.WAIT_LIMIT)
+    info = manager.info(key)
+    assert info is not None
+    assert info.pid == holder.pid
+    lock = manager.lock(key)
+
+    began = time.monotonic()
+    assert lock.acquire(timeout=0.3) is False
+    waited = time.monotonic() - began
+    assert 0.3 <= waited < SLACK
+
+    began = time.monotonic()
+    assert lock.acquire(blocking=False) is False
+    assert time.monotonic() - began < 0.2
+    assert not lock.owned()
+
+    may_release.set()
+    assert lock.acquire(timeout=procs.WAIT_LIMIT)
+    lock.release()
+    children.join()
+
+
+def kill_holder(
+    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+) -> tuple[tierlock.LockInfo, float]:
+    """Start a child that takes ``key`` with lease ``DEAD_TTL`` and SIGKILL it while it
+    holds; return its row and the monotonic time it was known to hold."""
+    held, may_release = procs.CTX.Event(), procs.CTX.Event()
+    holder = children.start(
+        procs.hold,
+        url=db_url,
+        table=table,
+        key=key,
+        ttl=DEAD_TTL,
+        held=held,
+        may_release=may_release,
+    )
+    assert held.wait(procs.WAIT_LIMIT)
+    held_at = time.monotonic()
+    dead = manager.info(key)
+    assert dead is not None
+    assert dead.pid == holder.pid
+    assert holder.pid is not None
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(procs.WAIT_LIMIT)
+    assert holder.exitcode == -signal.SIGKILL
+    return dead, held_at
+
+
+@pytest.mark.slow
+def test_killed_holder_is_taken_over_after_its_lease(
+    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+) -> None:
+    """A holder killed with SIGKILL frees the key when its lease ends, not before."""
+    dead, held_at = kill_holder(manager, db_url, table, key, children)
+    lock = manager.lock(key)
+    assert lock.acquire(timeout=procs.WAIT_LIMIT)
+    taken_at = time.monotonic()
+    try:
+        info = manager.info(key)
+        assert info is not None
+        assert info.acquired_at >= dead.expires_at  # both by the database's clock
+        assert info.token > dead.token
+        assert info.pid == os.getpid()
+        assert taken_at - held_at < DEAD_TTL + manager.poll_interval + SLACK
+    finally:
+        lock.release()
+    assert manager.info(key) is None
+
+
+@pytest.mark.slow
+def test_killed_holder_is_reaped(
+    make_manager: Callable[..., tierlock.LockManager],
+    db_url: str,
+    table: str,
+    key: str,
+    children: procs.Children,
+) -> None:
+    """With nobody waiting, the reaper removes a killed holder's row on its own."""
+    manager = make_manager()
+    dead, held_at = kill_holder(manager, db_url, table, key, children)
+    assert manager.info(key) is not None  # the kill left the row behind
+    reaper = make_manager(reaper_interval=0.2)
+    assert reaper.reaper_running
+    deadline = held_at + DEAD_TTL + 0.2 + SLACK
+    while manager.info(key) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert manager.info(key) is None, f"row of dead pid {dead.pid} not reaped in time"
+    assert manager.reap() == 0
+
+
+def test_forked_child_holds_nothing(
+    manager: tierlock.LockManager, key: str, children: procs.Children
+) -> None:
+    """A forked child does not inherit its parent's hold (semantic 10), and the parent
+    keeps it undisturbed."""
+    lock = manager.lock(key)
+    assert lock.acquire()
+    assert lock.acquire()  # reentrant: depth 2
+    token = lock.token
+    before = manager.info(key)
+    assert before is not None
+
+    reader, writer = procs.CTX.Pipe(duplex=False)
+    other_key = f"{key}:child"
+    child = children.start(
+        procs.report_inherited, manager=manager, lock=lock, other_key=other_key, results=writer
+    )
+    writer.close()
+    assert reader.poll(procs.WAIT_LIMIT), "the child sent no report"
+    report = reader.recv()
+    children.join()
+
+    assert report == {
+        "owned": False,
+        "token": None,
+        "release": tierlock.NotHeldError,
+        "acquire": False,
+        "locked": True,
+        "other_acquire": True,
+        "other_pid": child.pid,
+        "other_free_after": True,
+    }
+    assert lock.owned()
+    assert lock.token == token
+    assert manager.info(key) == before
+    lock.release()
+    assert lock.owned()  # the inner release only
+    lock.release()
+    assert not lock.owned()
+    assert manager.info(key) is None

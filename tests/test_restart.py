@@ -1,0 +1,234 @@
+"""Semantic 5 across restarts: a key's fencing tokens never go back.
+
+Tokens come from the table's identity counter, so they must survive everything that
+drops state: other processes, every connection closing, the server restarting, and
+the table being empty at that moment. The last case is the classic InnoDB pitfall:
+before MariaDB 10.2.4 an empty table's AUTO_INCREMENT restarted at 1 after a restart,
+and a plain SQLite rowid (without AUTOINCREMENT) reuses numbers the same way.
+
+MariaDB and PostgreSQL are restarted for real, on private servers (``servers.py``),
+since other test workers use the shared ones at the same time. For SQLite, whose
+"server" lives in each connection, closing every connection is the restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+from servers import Server, ServerUnavailable, private_server
+
+import tierlock
+
+# (key, token) of every hold, in the order the holds were taken.
+Log = list[tuple[str, int]]
+
+# A hold left behind by a process that exits without releasing; short, so the test
+# waits little for its lease to end before reaping it.
+STALE_TTL = 0.3
+# Bounds on waits that normally take milliseconds.
+WAIT = 15.0
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        # One group per server: all its tests run on one worker, which starts it once.
+        pytest.param(
+            "mariadb", marks=[pytest.mark.mariadb, pytest.mark.xdist_group("restart-mariadb")]
+        ),
+        pytest.param(
+            "postgresql",
+            marks=[pytest.mark.postgresql, pytest.mark.xdist_group("restart-postgresql")],
+        ),
+    ],
+)
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A private server of this module's own, which its tests may restart."""
+    name: str = request.param
+    _skip_unless_chosen(request, name)
+    try:
+        instance = private_server(name)
+    except ServerUnavailable as exc:
+        reason = f"cannot start a private {name} server: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    yield instance
+    instance.close()
+
+
+def _skip_unless_chosen(request: pytest.FixtureRequest, name: str) -> None:
+    chosen = request.config.getoption("db")
+    if chosen and name not in chosen:
+        pytest.skip(f"{name} not chosen with --db")
+
+
+def _manager(url: str, table: str) -> tierlock.LockManager:
+    return tierlock.LockManager(url, table=table, reaper_interval=None, poll_interval=0.02)
+
+
+def _take_holds(manager: tierlock.LockManager, keys: Sequence[str], rounds: int, log: Log) -> None:
+    """Hold and release each key in turn, ``rounds`` times, logging every token."""
+    for _ in range(rounds):
+        for key in keys:
+            with manager.lock(key, timeout=WAIT) as lock:
+                assert lock.token is not None
+                log.append((key, lock.token))
+
+
+def _child(
+    url: str, table: str, keys: list[str], rounds: int, stale: str | None, pipe: Connection
+) -> None:
+    try:
+        log: Log = []
+        with _manager(url, table) as manager:
+            _take_holds(manager, keys, rounds, log)
+            if stale is not None:
+                # Exit holding it, as a crashed process would.
+                lock = manager.lock(stale, ttl=STALE_TTL)
+                assert lock.acquire(timeout=WAIT)
+                assert lock.token is not None
+                log.append((stale, lock.token))
+        pipe.send(log)
+    except BaseException as exc:
+        pipe.send(repr(exc))
+        raise
+
+
+def _holds_in_child(
+    url: str, table: str, keys: list[str], rounds: int, stale: str | None = None
+) -> Log:
+    """``_take_holds`` in a forked process; ``stale``: a key it then leaves held."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(url, table, keys, rounds, stale, sender))
+    child.start()
+    try:
+        assert receiver.poll(WAIT), "the child process sent nothing"
+        result: Log | str = receiver.recv()
+    finally:
+        child.join(WAIT)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0, result
+    assert isinstance(result, list)
+    return result
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting after {WAIT:g} s for {what}"
+        time.sleep(0.02)
+
+
+def _assert_tokens_increase(before: Log, after: Log) -> None:
+    tokens: dict[str, list[int]] = {}
+    for key, token in before + after:
+        tokens.setdefault(key, []).append(token)
+    for key, series in tokens.items():
+        assert all(a < b for a, b in itertools.pairwise(series)), f"{key} went back: {series}"
+    # Holds after the restart outrank every hold before it, whatever the key.
+    last_before = max(token for _, token in before)
+    first_after = min(token for _, token in after)
+    assert first_after > last_before, f"token {first_after} after the restart, {last_before} before"
+
+
+def _tokens_across_restart(
+    url: str, restart: Callable[[tierlock.LockManager], None], *, emptied: bool, old_lives: bool
+) -> tuple[Log, Log]:
+    """Holds of two keys from two managers and two processes, around ``restart``.
+
+    ``emptied``: every row is gone at the restart (the last one reaped after its
+    holder died); otherwise a third key is held across it. ``old_lives``: the manager
+    from before the restart is used after it, its pooled connections now dead.
+    """
+    table = f"tl_{uuid.uuid4().hex[:16]}"
+    first, second, spanning = (f"key:{uuid.uuid4().hex}" for _ in range(3))
+    keys = [first, second]
+    before: Log = []
+    after: Log = []
+    old = _manager(url, table)
+    held_across = old.lock(spanning)
+    new: tierlock.LockManager | None = None
+    try:
+        _take_holds(old, keys, 3, before)
+        before += _holds_in_child(url, table, keys, 2, stale=first if emptied else None)
+        if emptied:
+            _wait_until(lambda: not old.lock(first).locked(), "the dead holder's lease to end")
+            assert old.reap() == 1
+            assert old.holders() == []
+        else:
+            assert held_across.acquire(timeout=WAIT)
+            assert held_across.token is not None
+            before.append((spanning, held_across.token))
+
+        restart(old)
+
+        if old_lives:
+            _take_holds(old, keys, 2, after)
+        new = _manager(url, table)
+        if not emptied:
+            info = new.info(spanning)
+            assert info is not None
+            assert info.token == before[-1][1]
+            if old_lives:
+                held_across.release()  # still its own row: no LockLostError
+            else:
+                assert new.force_release(spanning)
+            assert new.info(spanning) is None
+        _take_holds(new, [*keys, spanning], 2, after)
+        after += _holds_in_child(url, table, keys, 2)
+        if old_lives:
+            _take_holds(old, keys, 1, after)
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    return before, after
+
+
+@pytest.mark.parametrize("emptied", [False, True], ids=["rows_kept", "table_emptied"])
+def test_tokens_increase_across_server_restart(
+    server: Server, emptied: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="tierlock.backends.sql"):
+        before, after = _tokens_across_restart(
+            server.url, lambda _: server.restart(), emptied=emptied, old_lives=True
+        )
+    _assert_tokens_increase(before, after)
+    # The old manager really met its dead connections, and its retries rode over them.
+    assert any(
+        "acquire of" in record.getMessage() and "hit connection" in record.getMessage()
+        for record in caplog.records
+    )
+
+
+@pytest.mark.parametrize("emptied", [False, True], ids=["rows_kept", "table_emptied"])
+def test_tokens_increase_across_sqlite_reopen(
+    request: pytest.FixtureRequest, tmp_path: Path, emptied: bool
+) -> None:
+    _skip_unless_chosen(request, "sqlite")
+
+    def close_every_connection(old: tierlock.LockManager) -> None:
+        old.close()
+
+    before, after = _tokens_across_restart(
+        f"sqlite:///{tmp_path / 'locks.db'}",
+        close_every_connection,
+        emptied=emptied,
+        old_lives=False,
+    )
+    _assert_tokens_increase(before, after)
