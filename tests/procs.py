@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -19,9 +22,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkProcess
 from multiprocessing.queues import SimpleQueue
 from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
 from typing import Any
 
 import tierlock
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CTX = multiprocessing.get_context("fork")
 
@@ -210,3 +216,18 @@ class Children:
                 process.kill()
         for process in self.processes:
             process.join(10)
+
+
+def run_python(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``python *args`` as a user would, with this checkout importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

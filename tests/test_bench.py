@@ -5,17 +5,15 @@ Only that it runs is checked here; timings are for people to read, not for tests
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
+import procs
 import pytest
 from sqlalchemy import create_engine, inspect
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER = "| database | tierlock median µs | tierlock p90 µs | raw median µs | raw p90 µs | ratio |"
 
 
@@ -25,17 +23,7 @@ def row(name: str) -> str:
 
 def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``python -m bench`` from this checkout, with a tiny workload."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "bench", "--rounds", "2", "--iterations", "3", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = procs.run_python("-m", "bench", "--rounds", "2", "--iterations", "3", *args, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 

@@ -174,6 +174,25 @@ def test_release_after_every_connection_was_cut(
     assert not lock.owned()
 
 
+def test_release_after_a_cut_and_a_takeover_reports_the_loss(
+    locks: tierlock.LockManager, direct: tierlock.LockManager, proxy: Proxy, key: str
+) -> None:
+    """A row found gone after a dropped connection counts as released only while the
+    lease surely ran; past it, the row may have been taken, and the loss is reported."""
+    lock = locks.lock(key, ttl=0.3)
+    assert lock.acquire(timeout=ACQUIRE_TIMEOUT)
+    taker = direct.lock(key)
+    assert taker.acquire(timeout=ACQUIRE_TIMEOUT)  # once the lease ended
+    assert proxy.cut_all() >= 1
+    with pytest.raises(tierlock.LockLostError):
+        lock.release()
+    assert not lock.owned()
+    info = direct.info(key)
+    assert info is not None
+    assert info.token == taker.token
+    taker.release()
+
+
 def test_server_lost_for_good_raises_backend_error(
     locks: tierlock.LockManager, direct: tierlock.LockManager, proxy: Proxy, key: str
 ) -> None:

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import procs
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-QUICKSTART = ROOT / "examples" / "quickstart.py"
+QUICKSTART = procs.ROOT / "examples" / "quickstart.py"
 
 
 def run_example(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` as a user would, with this checkout importable."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return procs.run_python(str(script), *args, cwd=cwd, timeout=60)
 
 
 def check_quickstart_output(result: subprocess.CompletedProcess[str]) -> None:
