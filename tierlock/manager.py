@@ -275,7 +275,7 @@ class LockManager:
             sent = time.monotonic()
             token = self._backend.try_acquire(key, owner, ttl)
             if token is not None:
-                return Hold(key, token, owner.owner_id, live_until=sent + ttl)
+                return Hold(token, owner.owner_id, live_until=sent + ttl)
             delay = random.uniform(pause / 2, pause)
             if deadline is not None:
                 remaining = deadline - time.monotonic()

@@ -54,7 +54,6 @@ class Hold:
     sent, and clocks may disagree on the time but not on how fast it passes.
     """
 
-    key: str
     token: int
     owner_id: str
     live_until: float
