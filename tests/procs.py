@@ -3,7 +3,8 @@
 Children are forked: they start in milliseconds and inherit their arguments (shared
 memory, events, pipes, even a ``LockManager``) instead of receiving pickles. Every
 child a test starts goes through :class:`Children`, which kills what is left at the
-end, so a failing test neither hangs nor leaks processes.
+end, so a failing test neither hangs nor leaks processes. ``run_python`` runs a
+script or ``-m`` module of this checkout as a separate program, as a user would.
 """
 
 from __future__ import annotations
