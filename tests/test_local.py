@@ -10,6 +10,7 @@ import pytest
 
 from tierlock.errors import NotHeldError
 from tierlock.local import Registry
+from tierlock.stats import Counters
 
 
 def _hold_in_thread(registry: Registry[str], key: str, started: threading.Event) -> None:
@@ -19,7 +20,7 @@ def _hold_in_thread(registry: Registry[str], key: str, started: threading.Event)
 
 
 def test_claim_settle_exit_unclaim() -> None:
-    registry: Registry[str] = Registry()
+    registry: Registry[str] = Registry(Counters())
     assert registry.claim("k", None)
     assert registry.hold("k") is None  # claimed, not yet held
     registry.settle("k", "h1")
@@ -35,7 +36,7 @@ def test_claim_settle_exit_unclaim() -> None:
 
 
 def test_waiters_are_served_first_come_first_served_one_at_a_time() -> None:
-    registry: Registry[int] = Registry()
+    registry: Registry[int] = Registry(Counters())
     assert registry.claim("k", None)
     registry.settle("k", 0)
     order: list[int] = []
@@ -69,7 +70,7 @@ def test_waiters_are_served_first_come_first_served_one_at_a_time() -> None:
 
 
 def test_timed_out_waiter_leaves_the_queue() -> None:
-    registry: Registry[str] = Registry()
+    registry: Registry[str] = Registry(Counters())
     started = threading.Event()
     holder = threading.Thread(target=_hold_in_thread, args=(registry, "k", started))
     holder.start()
@@ -81,14 +82,14 @@ def test_timed_out_waiter_leaves_the_queue() -> None:
 
 
 def test_keys_never_share_an_entry() -> None:
-    registry: Registry[str] = Registry()
+    registry: Registry[str] = Registry(Counters())
     assert registry.claim("a", None)
     assert registry.claim("b", 0)  # a different key is free even while "a" is claimed
     assert len(registry) == 2
 
 
 def test_memory_stays_flat_over_many_keys() -> None:
-    registry: Registry[int] = Registry()
+    registry: Registry[int] = Registry(Counters())
     tracemalloc.start()
     try:
         for number in range(20_000):
@@ -112,7 +113,7 @@ def test_memory_stays_flat_over_many_keys() -> None:
 
 
 def test_reset_forgets_everything() -> None:
-    registry: Registry[str] = Registry()
+    registry: Registry[str] = Registry(Counters())
     assert registry.claim("k", None)
     registry.settle("k", "h")
     registry.reset()

@@ -9,6 +9,7 @@ from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeld
 from .keys import MAX_KEY_LENGTH
 from .manager import Lock, LockManager
 from .records import LockInfo
+from .stats import LockStats
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -18,6 +19,7 @@ __all__ = [
     "LockInfo",
     "LockLostError",
     "LockManager",
+    "LockStats",
     "LockTimeout",
     "NotHeldError",
     "__version__",

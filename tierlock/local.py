@@ -18,6 +18,7 @@ import threading
 from typing import Generic, TypeVar
 
 from .errors import NotHeldError
+from .stats import Counters
 
 __all__ = ["Registry"]
 
@@ -70,7 +71,8 @@ class Registry(Generic[H]):
     ``exit`` and ``unclaim`` on its last release.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Counters) -> None:
+        self._counters = counters
         self.reset()
 
     def reset(self) -> None:
@@ -120,6 +122,7 @@ class Registry(Generic[H]):
                 return False
             waiter: _Waiter[H] = _Waiter(thread)
             entry.waiters.append(waiter)
+        self._counters.add("local_waits")
         if waiter.wait(timeout):
             return True
         with self._mutex:

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .backends import LockBackend, open_backend
 from .errors import LockError, LockLostError, LockTimeout, NotHeldError
@@ -22,6 +22,7 @@ from .keys import KeyLike, make_key
 from .local import Registry
 from .reaper import Reaper
 from .records import Hold, LockInfo, Owner
+from .stats import Counters, LockStats
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -42,6 +43,8 @@ DEFAULT_REAPER_INTERVAL = 60.0
 # FIRST_POLL and double, with jitter so that waiting processes do not try in step.
 DEFAULT_POLL_INTERVAL = 0.1
 FIRST_POLL = 0.002
+# How long one operation may keep failing to reach the database before BackendError.
+DEFAULT_DATABASE_TIMEOUT = 20.0
 
 
 def _seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
@@ -109,6 +112,11 @@ class LockManager:
         expired rows (default 60); ``None`` does not start it.
     :param poll_interval: the longest pause between two tries at a key held by
         another process.
+    :param database_timeout: seconds one operation may spend failing to reach the
+        database (refused, dropped or silent connections, retried) before it raises
+        ``BackendError``; it also sets the driver's connect and read timeouts on
+        engines made from a URL. A try already under way when it runs out may take
+        up to half as long again.
     :raises ValueError, TypeError: a bad option; the message names it.
     :raises BackendError: the table could not be created.
     """
@@ -123,16 +131,23 @@ class LockManager:
         create_table: bool = True,
         reaper_interval: float | None = DEFAULT_REAPER_INTERVAL,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
         self.ttl: float = _seconds("ttl", ttl)
         self.poll_interval: float = _seconds("poll_interval", poll_interval)
         reaper_interval = _seconds("reaper_interval", reaper_interval, none_ok=True)
         if url is None and engine is None:
             url = DEFAULT_URL
+        self._counters = Counters()
         self._backend: LockBackend = open_backend(
-            url, engine, table=table, create_table=create_table
+            url,
+            engine,
+            table=table,
+            create_table=create_table,
+            counters=self._counters,
+            timeout=_seconds("database_timeout", database_timeout),
         )
-        self._registry: Registry[Hold] = Registry()
+        self._registry: Registry[Hold] = Registry(self._counters)
         self._reaper = Reaper(self.reap)
         self._closed = False
         _managers.add(self)
@@ -213,6 +228,10 @@ class LockManager:
             logger.warning("reaped %d expired lock row(s)", count)
         return count
 
+    def stats(self) -> LockStats:
+        """What this manager has done so far, as counters; see :class:`LockStats`."""
+        return self._counters.snapshot()
+
     def start_reaper(self, interval: float) -> None:
         """Reap every ``interval`` seconds in a background thread (restart if running)."""
         self._reaper.start(_seconds("interval", interval))
@@ -240,6 +259,7 @@ class LockManager:
         self.close()
 
     def _after_fork(self) -> None:
+        self._counters.reset()
         self._registry.reset()
         self._reaper.forget()
         self._backend.after_fork()
@@ -251,6 +271,8 @@ class LockManager:
             raise LockError("this LockManager is closed", key)
         registry = self._registry
         if registry.reenter(key):
+            self._counters.add("reentrant_acquisitions")
+            self._counters.add("acquisitions")
             return True
         deadline = None if wait is None else time.monotonic() + wait
         if not registry.claim(key, wait):
@@ -264,6 +286,7 @@ class LockManager:
             registry.unclaim(key)
             return False
         registry.settle(key, hold)
+        self._counters.add("acquisitions")
         logger.debug("acquired %r (token %d, owner %s)", key, hold.token, hold.owner_id)
         return True
 
@@ -289,14 +312,15 @@ class LockManager:
     def _release(self, key: str) -> None:
         hold = self._registry.exit(key)
         if hold is None:
+            self._counters.add("releases")
             return  # an inner reentrant release
         try:
             released = self._backend.release(key, hold.owner_id, hold.live_until)
         finally:
             self._registry.unclaim(key)
         if not released:
-            logger.warning("lock %r (token %d) was lost before its release", key, hold.token)
-            raise LockLostError(key, hold.token)
+            self._lost(key, hold, "its release")
+        self._counters.add("releases")
         logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
 
     def _extend(self, key: str, ttl: float) -> None:
@@ -305,12 +329,14 @@ class LockManager:
             raise NotHeldError(key)
         sent = time.monotonic()
         if not self._backend.extend(key, hold.owner_id, ttl):
-            logger.warning(
-                "lock %r (token %d) was lost before it could be extended", key, hold.token
-            )
-            raise LockLostError(key, hold.token)
+            self._lost(key, hold, "it could be extended")
         hold.live_until = sent + ttl
         logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
+
+    def _lost(self, key: str, hold: Hold, before: str) -> NoReturn:
+        self._counters.add("lost_holds")
+        logger.warning("lock %r (token %d) was lost before %s", key, hold.token, before)
+        raise LockLostError(key, hold.token)
 
 
 class Lock:

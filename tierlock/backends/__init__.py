@@ -14,6 +14,8 @@ from ..records import LockInfo, Owner
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from ..stats import Counters
+
 __all__ = ["LockBackend", "open_backend"]
 
 
@@ -67,9 +69,26 @@ class LockBackend(abc.ABC):
 
 
 def open_backend(
-    url: str | None, engine: Engine | None, *, table: str, create_table: bool
+    url: str | None,
+    engine: Engine | None,
+    *,
+    table: str,
+    create_table: bool,
+    counters: Counters,
+    timeout: float,
 ) -> LockBackend:
-    """The backend for a database URL or a ready SQLAlchemy engine."""
+    """The backend for a database URL or a ready SQLAlchemy engine.
+
+    ``counters`` receives the backend's events; ``timeout`` bounds, in seconds, how
+    long one operation keeps trying to reach the database.
+    """
     from .sql import SQLBackend
 
-    return SQLBackend(url=url, engine=engine, table=table, create_table=create_table)
+    return SQLBackend(
+        url=url,
+        engine=engine,
+        table=table,
+        create_table=create_table,
+        counters=counters,
+        timeout=timeout,
+    )

@@ -16,6 +16,7 @@ thread waits (semantic 7). A failed statement is sorted into one of three kinds:
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import Callable
@@ -23,11 +24,13 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy import MetaData, create_engine, event, inspect
-from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.engine import Connection, CursorResult, Engine, RowMapping, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.sql.expression import Executable
 
 from ..errors import BackendError
 from ..records import LockInfo, Owner
+from ..stats import Counters
 from . import LockBackend
 from .sqltable import MYSQL_FAMILY, REAP_BATCH, Statements, check_table_name, lock_table
 
@@ -48,23 +51,34 @@ _SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 _CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
 
-# Seconds. Every statement tierlock sends touches one row (or one reaper batch) in
-# autocommit mode, so a reply slower than READ_TIMEOUT means the server or the network
-# is in trouble. pymysql also applies its read timeout to the connection handshake.
+# The default bound, in seconds, on one operation that cannot reach the database.
+DEFAULT_TIMEOUT = 20.0
+# Seconds to wait for a connection; pymysql also applies its read timeout to the
+# handshake, and libpq counts connect_timeout in whole seconds of at least 2.
 CONNECT_TIMEOUT = 5
-READ_TIMEOUT = 20
-_DRIVER_TIMEOUTS: dict[str, dict[str, Any]] = {
-    "mysql": {
-        "connect_timeout": CONNECT_TIMEOUT,
-        "read_timeout": READ_TIMEOUT,
-        "write_timeout": READ_TIMEOUT,
-    },
-    # libpq: tcp_user_timeout (ms) drops a connection whose sent data stays unacknowledged.
-    "postgresql": {"connect_timeout": CONNECT_TIMEOUT, "tcp_user_timeout": READ_TIMEOUT * 1000},
-}
 
 
-def _engine_for_url(url: str) -> Engine:
+def _driver_timeouts(backend: str, timeout: float) -> dict[str, Any]:
+    """Driver options that keep one try within half of ``timeout``.
+
+    Every statement tierlock sends touches one row (or one reaper batch) in autocommit
+    mode, so a reply slower than that means the server or the network is in trouble.
+    """
+    per_try = timeout / 2
+    if backend == "postgresql":
+        # tcp_user_timeout (ms) drops a connection whose sent data stays unacknowledged.
+        return {
+            "connect_timeout": max(2, min(CONNECT_TIMEOUT, math.ceil(per_try))),
+            "tcp_user_timeout": max(1, round(per_try * 1000)),
+        }
+    return {
+        "connect_timeout": min(CONNECT_TIMEOUT, per_try),
+        "read_timeout": per_try,
+        "write_timeout": per_try,
+    }
+
+
+def _engine_for_url(url: str, timeout: float) -> Engine:
     """An engine in autocommit mode, so that each statement is one round trip.
 
     With no transaction ever open, the rollbacks SQLAlchemy would send when a
@@ -95,7 +109,7 @@ def _engine_for_url(url: str) -> Engine:
     else:
         # Without these a server that stops answering blocks a caller for good,
         # whatever its timeout; options given in the URL's query take precedence.
-        defaults = _DRIVER_TIMEOUTS["postgresql" if backend == "postgresql" else "mysql"]
+        defaults = _driver_timeouts(backend, timeout)
         options["connect_args"] = {
             name: value for name, value in defaults.items() if name not in parsed.query
         }
@@ -142,13 +156,22 @@ class SQLBackend(LockBackend):
     """Holds as rows of one table; see the module docstring for error handling."""
 
     def __init__(
-        self, *, url: str | None, engine: Engine | None, table: str, create_table: bool
+        self,
+        *,
+        url: str | None,
+        engine: Engine | None,
+        table: str,
+        create_table: bool,
+        counters: Counters,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.table = lock_table(check_table_name(table), MetaData())
+        self.counters = counters
+        self.timeout = timeout
         if engine is None:
             if url is None:
                 raise ValueError("give a database URL or an engine")
-            self._base_engine = _engine_for_url(url)
+            self._base_engine = _engine_for_url(url, timeout)
             self._owns_engine = True
             self._engine = self._base_engine
         else:
@@ -206,9 +229,12 @@ class SQLBackend(LockBackend):
         """
         uncertain = False
         last: DBAPIError | None = None
-        for number in range(ATTEMPTS):
-            if number:
-                time.sleep(RETRY_PAUSE * number)
+        give_up = time.monotonic() + self.timeout
+        tries = 0
+        while tries < ATTEMPTS and (not tries or time.monotonic() < give_up):
+            if tries:
+                time.sleep(RETRY_PAUSE * tries)
+            tries += 1
             try:
                 with self._engine.connect() as connection:
                     return attempt(connection, uncertain)
@@ -225,16 +251,24 @@ class SQLBackend(LockBackend):
             except SQLAlchemyError as exc:  # e.g. the pool timed out: nothing was sent
                 raise BackendError(f"{what} failed: {exc}", key) from exc
         assert last is not None
-        raise BackendError(f"{what} failed after {ATTEMPTS} tries: {last.orig}", key) from last
+        raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
+
+    def _execute(
+        self, connection: Connection, statement: Executable, params: dict[str, Any] | None = None
+    ) -> CursorResult[Any]:
+        self.counters.add("statements")
+        return connection.execute(statement, params)
 
     # -- holds -------------------------------------------------------------------
 
     def _insert(self, connection: Connection, params: dict[str, Any]) -> int | None:
-        result = connection.execute(self.sql.insert_if_absent, params)
+        result = self._execute(connection, self.sql.insert_if_absent, params)
         if self.sql.returns_token:
             token: int | None = result.scalar()
-            return token
-        return result.lastrowid if result.rowcount == 1 else None
+        else:
+            token = result.lastrowid if result.rowcount == 1 else None
+        self.counters.add("insert_conflicts" if token is None else "inserts")
+        return token
 
     def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
         params = {
@@ -250,12 +284,18 @@ class SQLBackend(LockBackend):
         def attempt(connection: Connection, uncertain: bool) -> int | None:
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
-                token: int | None = connection.execute(self.sql.select_owned_token, params).scalar()
+                token: int | None = self._execute(
+                    connection, self.sql.select_owned_token, params
+                ).scalar()
                 if token is not None:
                     return token
             token = self._insert(connection, params)
-            if token is None and connection.execute(self.sql.delete_expired_key, params).rowcount:
+            if (
+                token is None
+                and self._execute(connection, self.sql.delete_expired_key, params).rowcount
+            ):
                 logger.warning("lock %r: took over a hold whose lease had ended", key)
+                self.counters.add("takeovers")
                 token = self._insert(connection, params)
             return token
 
@@ -265,7 +305,7 @@ class SQLBackend(LockBackend):
         params = {"key": key, "owner": owner_id}
 
         def attempt(connection: Connection, uncertain: bool) -> bool:
-            if connection.execute(self.sql.delete_owned, params).rowcount == 1:
+            if self._execute(connection, self.sql.delete_owned, params).rowcount == 1:
                 return True
             # The row is gone. After a dropped connection that may be our own earlier
             # try's doing, but only while the lease surely ran could nobody else (the
@@ -279,7 +319,9 @@ class SQLBackend(LockBackend):
         return self._run(
             "extend",
             key,
-            lambda connection, _: connection.execute(self.sql.extend_owned, params).rowcount == 1,
+            lambda connection, _: (
+                self._execute(connection, self.sql.extend_owned, params).rowcount == 1
+            ),
         )
 
     def is_locked(self, key: str) -> bool:
@@ -287,13 +329,13 @@ class SQLBackend(LockBackend):
             "locked",
             key,
             lambda connection, _: (
-                connection.execute(self.sql.select_live, {"key": key}).first() is not None
+                self._execute(connection, self.sql.select_live, {"key": key}).first() is not None
             ),
         )
 
     def info(self, key: str) -> LockInfo | None:
         def attempt(connection: Connection, uncertain: bool) -> LockInfo | None:
-            row = connection.execute(self.sql.select_info, {"key": key}).mappings().first()
+            row = self._execute(connection, self.sql.select_info, {"key": key}).mappings().first()
             return None if row is None else _info(row)
 
         return self._run("info", key, attempt)
@@ -303,7 +345,7 @@ class SQLBackend(LockBackend):
             "holders",
             None,
             lambda connection, _: [
-                _info(row) for row in connection.execute(self.sql.select_all).mappings()
+                _info(row) for row in self._execute(connection, self.sql.select_all).mappings()
             ],
         )
 
@@ -312,7 +354,7 @@ class SQLBackend(LockBackend):
             "force_release",
             key,
             lambda connection, _: (
-                connection.execute(self.sql.delete_key, {"key": key}).rowcount > 0
+                self._execute(connection, self.sql.delete_key, {"key": key}).rowcount > 0
             ),
         )
 
@@ -322,10 +364,13 @@ class SQLBackend(LockBackend):
             deleted: int = self._run(
                 "reap",
                 None,
-                lambda connection, _: connection.execute(self.sql.delete_expired_batch).rowcount,
+                lambda connection, _: (
+                    self._execute(connection, self.sql.delete_expired_batch).rowcount
+                ),
             )
             total += deleted
             if deleted < REAP_BATCH:
+                self.counters.add("reaped", total)
                 return total
 
     def after_fork(self) -> None:
