@@ -60,17 +60,21 @@ def test_info_describes_the_holder(manager: tierlock.LockManager, key: str) -> N
 def test_reentrant_only_last_release_touches_the_database(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str
 ) -> None:
-    engine, statements = counting_engine
+    engine, checkouts = counting_engine
     manager = make_manager(engine=engine)
     lock = manager.lock(key)
     with lock:
         token = lock.token
-        statements.clear()
+        checkouts.clear()
+        before = manager.stats()
         assert lock.acquire()
         with manager.lock(key) as again:  # another handle on the same key is the same lock
             assert again.token == token
         lock.release()
-        assert statements == []
+        assert checkouts == []
+        after = manager.stats()
+        assert after.statements == before.statements
+        assert after.reentrant_acquisitions - before.reentrant_acquisitions == 2
         assert lock.owned()
     assert not lock.owned()
     assert manager.info(key) is None
@@ -137,11 +141,12 @@ def test_with_timeout_raises_lock_timeout(make_manager: MakeManager, key: str) -
 def test_local_waiter_does_not_touch_the_database(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str
 ) -> None:
-    engine, statements = counting_engine
+    engine, checkouts = counting_engine
     manager = make_manager(engine=engine)
     results: list[bool] = []
     with manager.lock(key):
-        statements.clear()
+        checkouts.clear()
+        before = manager.stats()
         thread = threading.Thread(
             target=lambda: results.extend(
                 [manager.lock(key).acquire(blocking=False), manager.lock(key).acquire(timeout=0.2)]
@@ -150,14 +155,15 @@ def test_local_waiter_does_not_touch_the_database(
         thread.start()
         thread.join(10)
         assert results == [False, False]
-        assert statements == []
+        assert checkouts == []
+        assert manager.stats().statements == before.statements
 
 
 def test_tier_one_filters_contention(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str
 ) -> None:
     """8 threads on one key: per critical section only the insert and the delete."""
-    engine, statements = counting_engine
+    engine, checkouts = counting_engine
     manager = make_manager(engine=engine)
     threads_count, rounds = 8, 15
     counter = [0]
@@ -171,7 +177,7 @@ def test_tier_one_filters_contention(
                 time.sleep(0.0005)
                 counter[0] = value + 1
 
-    statements.clear()
+    checkouts.clear()
     threads = [threading.Thread(target=work) for _ in range(threads_count)]
     for thread in threads:
         thread.start()
@@ -179,11 +185,11 @@ def test_tier_one_filters_contention(
         thread.join(60)
     sections = threads_count * rounds
     assert counter[0] == sections
-    inserts = [s for s in statements if s.startswith("INSERT")]
-    deletes = [s for s in statements if s.startswith("DELETE")]
-    assert len(inserts) == sections
-    assert len(deletes) == sections
-    assert len(statements) == 2 * sections
+    stats = manager.stats()
+    assert stats.inserts == stats.releases == sections
+    assert stats.statements == 2 * sections
+    assert len(checkouts) == 2 * sections  # one connection per statement, counted apart
+    assert stats.local_waits > 0
 
 
 def test_threads_of_two_managers_exclude_each_other(make_manager: MakeManager, key: str) -> None:
@@ -324,7 +330,7 @@ def test_waiting_does_not_pin_a_connection(
     engine = create_engine(db_url, pool_size=1, max_overflow=0, pool_timeout=2)
     tried = threading.Event()
 
-    @event.listens_for(engine, "before_cursor_execute")
+    @event.listens_for(engine, "checkout")
     def seen(*args: object) -> None:
         if threading.current_thread().name == "waiter":
             tried.set()
@@ -443,15 +449,16 @@ def test_closed_manager_refuses_to_acquire(make_manager: MakeManager, key: str) 
 
 @pytest.fixture
 def counting_engine(db_url: str) -> Iterator[tuple[Engine, list[str]]]:
-    """An engine that records every SQL statement sent through it."""
+    """An engine that records the name of the thread behind each connection checkout:
+    tierlock takes a pooled connection for each operation and nothing else."""
     engine = create_engine(db_url)
-    statements: list[str] = []
+    checkouts: list[str] = []
 
-    @event.listens_for(engine, "before_cursor_execute")
-    def record(conn: object, cursor: object, statement: str, *args: object) -> None:
-        statements.append(statement.lstrip())
+    @event.listens_for(engine, "checkout")
+    def record(*args: object) -> None:
+        checkouts.append(threading.current_thread().name)
 
-    yield engine, statements
+    yield engine, checkouts
     engine.dispose()
 
 

@@ -15,18 +15,20 @@ thread waits (semantic 7). A failed statement is sorted into one of three kinds:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import MetaData, create_engine, event, inspect
-from sqlalchemy.engine import Connection, CursorResult, Engine, RowMapping, make_url
+from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.sql.expression import ClauseElement
 
 from ..errors import BackendError
 from ..records import LockInfo, Owner
@@ -129,15 +131,17 @@ def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: object) -> 
     dbapi_connection.execute("PRAGMA journal_mode = WAL")
 
 
-def _utc(value: datetime) -> datetime:
-    # PostgreSQL returns aware datetimes in the session's zone; SQLite and MySQL
-    # return naive ones, which hold UTC because only UTC is ever stored.
+def _utc(value: datetime | str) -> datetime:
+    # PostgreSQL returns aware datetimes in the session's zone, MySQL naive ones and
+    # SQLite text; the naive ones hold UTC because only UTC is ever stored.
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc)
 
 
-def _info(row: RowMapping) -> LockInfo:
+def _info(row: dict[str, Any]) -> LockInfo:
     return LockInfo(
         key=row["lock_key"],
         token=row["token"],
@@ -150,6 +154,92 @@ def _info(row: RowMapping) -> LockInfo:
         expires_at=_utc(row["expires_at"]),
         expired=bool(row["expired"]),
     )
+
+
+class Query(NamedTuple):
+    """A statement compiled once for the driver, so that running it costs no
+    SQLAlchemy work: its SQL, the values of parameters fixed in the statement (such
+    as a LIMIT), and the order of parameters for drivers that take them by position
+    (``None``: by name)."""
+
+    sql: str
+    fixed: dict[str, Any]
+    order: tuple[str, ...] | None
+
+    @classmethod
+    def compile(cls, statement: ClauseElement, dialect: Dialect) -> Query:
+        compiled = statement.compile(dialect=dialect)
+        fixed = {name: value for name, value in compiled.params.items() if value is not None}
+        order = getattr(compiled, "positiontup", None)
+        return cls(compiled.string, fixed, None if order is None else tuple(order))
+
+    def arguments(self, params: dict[str, Any]) -> Any:
+        if self.fixed:
+            params = {**self.fixed, **params}
+        return params if self.order is None else tuple(params[name] for name in self.order)
+
+
+class Queries:
+    """Every statement of :class:`Statements`, compiled for one dialect."""
+
+    def __init__(self, statements: Statements, dialect: Dialect) -> None:
+        for name, statement in vars(statements).items():
+            if isinstance(statement, ClauseElement):
+                setattr(self, name, Query.compile(statement, dialect))
+
+    insert_if_absent: Query
+    delete_expired_key: Query
+    delete_owned: Query
+    extend_owned: Query
+    select_owned_token: Query
+    select_live: Query
+    select_info: Query
+    select_all: Query
+    delete_key: Query
+    delete_expired_batch: Query
+
+
+class _Link:
+    """One pooled driver connection, lent to one try of one operation."""
+
+    __slots__ = ("_backend", "_commit", "_connection")
+
+    def __init__(self, backend: SQLBackend, connection: PoolProxiedConnection) -> None:
+        self._backend = backend
+        self._connection = connection
+        # An engine of the caller's may not be in autocommit mode: commit each statement.
+        self._commit = not backend._owns_engine
+
+    def execute(self, query: Query, params: dict[str, Any] | None = None) -> Result:
+        """Run ``query`` and read its whole result, so no cursor outlives the call."""
+        backend = self._backend
+        backend.counters.add("statements")
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(query.sql, query.arguments(params or {}))
+            columns = cursor.description
+            result = Result(
+                cursor.rowcount,
+                getattr(cursor, "lastrowid", None),  # (psycopg has none: it uses RETURNING)
+                [] if columns is None else [column[0] for column in columns],
+                [] if columns is None else list(cursor.fetchall()),
+            )
+            cursor.close()
+            if self._commit:
+                self._connection.commit()
+        except backend._dbapi_error as exc:
+            raise backend._failure(exc, query, self._connection) from exc
+        return result
+
+
+class Result(NamedTuple):
+    rowcount: int
+    lastrowid: int | None
+    columns: list[str]
+    rows: list[Any]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
 class SQLBackend(LockBackend):
@@ -181,7 +271,10 @@ class SQLBackend(LockBackend):
             self._owns_engine = False
             self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect_name = self._engine.dialect.name
+        self._dialect = self._engine.dialect
+        self._dbapi_error: type[Exception] = self._dialect.loaded_dbapi.Error
         self.sql = Statements(self.table, self.dialect_name)
+        self.queries = Queries(self.sql, self._dialect)
         if create_table:
             self._create_table()
 
@@ -197,7 +290,31 @@ class SQLBackend(LockBackend):
             if not exists:
                 raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
 
-    # -- error handling ---------------------------------------------------------
+    # -- running statements -------------------------------------------------------
+
+    def _failure(
+        self, exc: Exception, query: Query | None, connection: PoolProxiedConnection | None
+    ) -> DBAPIError:
+        """``exc`` from the driver as SQLAlchemy's exception, with the connection (and,
+        as SQLAlchemy does, every connection opened before it) invalidated if it broke."""
+        disconnect = connection is not None and self._dialect.is_disconnect(
+            exc,  # type: ignore[arg-type]  # the driver's Error, as caught
+            connection,
+            None,
+        )
+        if disconnect:
+            assert connection is not None
+            self._engine.pool._invalidate(connection, exc)
+        wrapped = DBAPIError.instance(
+            None if query is None else query.sql,
+            None,
+            exc,
+            self._dbapi_error,
+            connection_invalidated=disconnect,
+            dialect=self._dialect,
+        )
+        assert isinstance(wrapped, DBAPIError)
+        return wrapped
 
     def _kind(self, exc: DBAPIError) -> str:
         if exc.connection_invalidated:
@@ -219,10 +336,10 @@ class SQLBackend(LockBackend):
         self,
         what: str,
         key: str | None,
-        attempt: Callable[[Connection, bool], T],
+        attempt: Callable[[_Link, bool], T],
         on_contention: Callable[[], T] | None = None,
     ) -> T:
-        """Run ``attempt(connection, uncertain)`` with retries.
+        """Run ``attempt(link, uncertain)`` with retries, on a pooled connection each try.
 
         ``uncertain`` is True once an earlier try failed in a way that may have taken
         effect; ``on_contention`` gives the result for contention (else it is retried).
@@ -236,8 +353,8 @@ class SQLBackend(LockBackend):
                 time.sleep(RETRY_PAUSE * tries)
             tries += 1
             try:
-                with self._engine.connect() as connection:
-                    return attempt(connection, uncertain)
+                with self._link() as link:
+                    return attempt(link, uncertain)
             except DBAPIError as exc:
                 kind = self._kind(exc)
                 if kind == _FATAL:
@@ -253,18 +370,23 @@ class SQLBackend(LockBackend):
         assert last is not None
         raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
 
-    def _execute(
-        self, connection: Connection, statement: Executable, params: dict[str, Any] | None = None
-    ) -> CursorResult[Any]:
-        self.counters.add("statements")
-        return connection.execute(statement, params)
+    @contextlib.contextmanager
+    def _link(self) -> Iterator[_Link]:
+        try:
+            connection = self._engine.raw_connection()
+        except self._dbapi_error as exc:
+            raise self._failure(exc, None, None) from exc
+        try:
+            yield _Link(self, connection)
+        finally:
+            connection.close()
 
     # -- holds -------------------------------------------------------------------
 
-    def _insert(self, connection: Connection, params: dict[str, Any]) -> int | None:
-        result = self._execute(connection, self.sql.insert_if_absent, params)
+    def _insert(self, link: _Link, params: dict[str, Any]) -> int | None:
+        result = link.execute(self.queries.insert_if_absent, params)
         if self.sql.returns_token:
-            token: int | None = result.scalar()
+            token: int | None = result.rows[0][0] if result.rows else None
         else:
             token = result.lastrowid if result.rowcount == 1 else None
         self.counters.add("insert_conflicts" if token is None else "inserts")
@@ -280,23 +402,20 @@ class SQLBackend(LockBackend):
             "thread_label": owner.thread_name,
             "ttl": ttl,
         }
+        queries = self.queries
 
-        def attempt(connection: Connection, uncertain: bool) -> int | None:
+        def attempt(link: _Link, uncertain: bool) -> int | None:
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
-                token: int | None = self._execute(
-                    connection, self.sql.select_owned_token, params
-                ).scalar()
-                if token is not None:
+                owned = link.execute(queries.select_owned_token, params).rows
+                if owned:
+                    token: int | None = owned[0][0]
                     return token
-            token = self._insert(connection, params)
-            if (
-                token is None
-                and self._execute(connection, self.sql.delete_expired_key, params).rowcount
-            ):
+            token = self._insert(link, params)
+            if token is None and link.execute(queries.delete_expired_key, params).rowcount:
                 logger.warning("lock %r: took over a hold whose lease had ended", key)
                 self.counters.add("takeovers")
-                token = self._insert(connection, params)
+                token = self._insert(link, params)
             return token
 
         return self._run("acquire", key, attempt, on_contention=lambda: None)
@@ -304,8 +423,8 @@ class SQLBackend(LockBackend):
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}
 
-        def attempt(connection: Connection, uncertain: bool) -> bool:
-            if self._execute(connection, self.sql.delete_owned, params).rowcount == 1:
+        def attempt(link: _Link, uncertain: bool) -> bool:
+            if link.execute(self.queries.delete_owned, params).rowcount == 1:
                 return True
             # The row is gone. After a dropped connection that may be our own earlier
             # try's doing, but only while the lease surely ran could nobody else (the
@@ -319,24 +438,20 @@ class SQLBackend(LockBackend):
         return self._run(
             "extend",
             key,
-            lambda connection, _: (
-                self._execute(connection, self.sql.extend_owned, params).rowcount == 1
-            ),
+            lambda link, _: link.execute(self.queries.extend_owned, params).rowcount == 1,
         )
 
     def is_locked(self, key: str) -> bool:
         return self._run(
             "locked",
             key,
-            lambda connection, _: (
-                self._execute(connection, self.sql.select_live, {"key": key}).first() is not None
-            ),
+            lambda link, _: bool(link.execute(self.queries.select_live, {"key": key}).rows),
         )
 
     def info(self, key: str) -> LockInfo | None:
-        def attempt(connection: Connection, uncertain: bool) -> LockInfo | None:
-            row = self._execute(connection, self.sql.select_info, {"key": key}).mappings().first()
-            return None if row is None else _info(row)
+        def attempt(link: _Link, uncertain: bool) -> LockInfo | None:
+            rows = link.execute(self.queries.select_info, {"key": key}).records()
+            return _info(rows[0]) if rows else None
 
         return self._run("info", key, attempt)
 
@@ -344,18 +459,14 @@ class SQLBackend(LockBackend):
         return self._run(
             "holders",
             None,
-            lambda connection, _: [
-                _info(row) for row in self._execute(connection, self.sql.select_all).mappings()
-            ],
+            lambda link, _: [_info(row) for row in link.execute(self.queries.select_all).records()],
         )
 
     def force_release(self, key: str) -> bool:
         return self._run(
             "force_release",
             key,
-            lambda connection, _: (
-                self._execute(connection, self.sql.delete_key, {"key": key}).rowcount > 0
-            ),
+            lambda link, _: link.execute(self.queries.delete_key, {"key": key}).rowcount > 0,
         )
 
     def reap(self) -> int:
@@ -364,9 +475,7 @@ class SQLBackend(LockBackend):
             deleted: int = self._run(
                 "reap",
                 None,
-                lambda connection, _: (
-                    self._execute(connection, self.sql.delete_expired_batch).rowcount
-                ),
+                lambda link, _: link.execute(self.queries.delete_expired_batch).rowcount,
             )
             total += deleted
             if deleted < REAP_BATCH:
