@@ -12,6 +12,8 @@
 --
 -- token        fencing token; InnoDB's AUTO_INCREMENT rises per hold, across restarts
 -- lock_key     the key, e.g. 'user:42'; unique, so one row (one hold) per key
+-- handoffs     times the row passed between threads of its process; the fencing
+--              token is token * 65536 + handoffs
 -- owner_id     random id of this hold; release and extend touch the row only with it
 -- host, pid, thread_id, thread_name   who holds it
 -- acquired_at  when the hold began (UTC, the database's clock)
@@ -20,6 +22,7 @@
 CREATE TABLE tierlock_locks (
     token       BIGINT NOT NULL AUTO_INCREMENT,
     lock_key    VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
+    handoffs    INTEGER NOT NULL DEFAULT 0,
     owner_id    VARCHAR(32) NOT NULL,
     host        VARCHAR(255) NOT NULL,
     pid         INTEGER NOT NULL,

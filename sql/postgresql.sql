@@ -6,6 +6,8 @@
 --
 -- token        fencing token; its sequence never hands out a value twice
 -- lock_key     the key, e.g. 'user:42'; unique, compared byte for byte (COLLATE "C")
+-- handoffs     times the row passed between threads of its process; the fencing
+--              token is token * 65536 + handoffs
 -- owner_id     random id of this hold; release and extend touch the row only with it
 -- host, pid, thread_id, thread_name   who holds it
 -- acquired_at  when the hold began (the database's clock)
@@ -14,6 +16,7 @@
 CREATE TABLE tierlock_locks (
     token       BIGSERIAL NOT NULL,
     lock_key    VARCHAR(255) COLLATE "C" NOT NULL,
+    handoffs    INTEGER DEFAULT 0 NOT NULL,
     owner_id    VARCHAR(32) NOT NULL,
     host        VARCHAR(255) NOT NULL,
     pid         INTEGER NOT NULL,

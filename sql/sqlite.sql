@@ -6,6 +6,8 @@
 --
 -- token        fencing token; AUTOINCREMENT never reuses a value, so it rises per hold
 -- lock_key     the key, e.g. 'user:42'; unique, so one row (one hold) per key
+-- handoffs     times the row passed between threads of its process; the fencing
+--              token is token * 65536 + handoffs
 -- owner_id     random id of this hold; release and extend touch the row only with it
 -- host, pid, thread_id, thread_name   who holds it
 -- acquired_at  when the hold began (UTC, the database's clock)
@@ -14,6 +16,7 @@
 CREATE TABLE tierlock_locks (
     token       INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
     lock_key    VARCHAR(255) NOT NULL,
+    handoffs    INTEGER DEFAULT 0 NOT NULL,
     owner_id    VARCHAR(32) NOT NULL,
     host        VARCHAR(255) NOT NULL,
     pid         INTEGER NOT NULL,

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.manager import COHORT_LIMIT
 
 MakeManager = Callable[..., tierlock.LockManager]
 
@@ -162,18 +163,23 @@ def test_local_waiter_does_not_touch_the_database(
 def test_tier_one_filters_contention(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str
 ) -> None:
-    """8 threads on one key: per critical section only the insert and the delete."""
+    """8 threads on one key: a hold passes from thread to thread with one UPDATE, at most
+    COHORT_LIMIT times in a row, each time with a higher fencing token; otherwise a
+    section costs the insert and the delete."""
     engine, checkouts = counting_engine
     manager = make_manager(engine=engine)
     threads_count, rounds = 8, 15
     counter = [0]
+    tokens: list[int] = []
     start = threading.Barrier(threads_count)
 
     def work() -> None:
         start.wait()
         for _ in range(rounds):
-            with manager.lock(key):
+            with manager.lock(key) as lock:
                 value = counter[0]
+                assert lock.token is not None
+                tokens.append(lock.token)
                 time.sleep(0.0005)
                 counter[0] = value + 1
 
@@ -185,10 +191,13 @@ def test_tier_one_filters_contention(
         thread.join(60)
     sections = threads_count * rounds
     assert counter[0] == sections
+    assert tokens == sorted(set(tokens))  # strictly increasing, hand-offs included
+    assert max(token & 0xFFFF for token in tokens) <= COHORT_LIMIT
     stats = manager.stats()
-    assert stats.inserts == stats.releases == sections
-    assert stats.statements == 2 * sections
-    assert len(checkouts) == 2 * sections  # one connection per statement, counted apart
+    assert stats.releases == stats.inserts + stats.handoffs == sections
+    assert stats.handoffs > 0
+    assert stats.statements == 2 * stats.inserts + stats.handoffs  # insert, delete, update
+    assert len(checkouts) == stats.statements  # one connection per statement, counted apart
     assert stats.local_waits > 0
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
@@ -124,3 +124,17 @@ def test_file_makes_a_working_table(
     lock.release()
     assert second is not None
     assert second > first
+
+
+def test_table_without_handoffs_column_is_upgraded(
+    make_manager: Callable[..., tierlock.LockManager], engine: Engine, table: str
+) -> None:
+    """A table made before hand-offs existed gets its column, and locks work on it."""
+    lock_table(table).create(engine)
+    with engine.begin() as connection:
+        connection.execute(text(f"ALTER TABLE {table} DROP COLUMN handoffs"))
+    manager = make_manager()
+    with manager.lock("user:1") as lock:
+        assert lock.token is not None
+    columns = {column["name"] for column in inspect(engine).get_columns(table)}
+    assert "handoffs" in columns

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .errors import NotHeldError
 from .stats import Counters
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "Waiter"]
 
-H = TypeVar("H")
+H = TypeVar("H")  # what a backend hold is
+R = TypeVar("R")  # what a waiter asks for, for a hand-off to fill in
 
 
 class _Thread(Generic[H]):
@@ -34,13 +35,14 @@ class _Thread(Generic[H]):
         self.claimed: dict[str, _Entry[H]] = {}
 
 
-class _Waiter(Generic[H]):
+class Waiter(Generic[H, R]):
     """A parked thread; ``wake`` hands it the claim."""
 
-    __slots__ = ("_gate", "thread")
+    __slots__ = ("_gate", "request", "thread")
 
-    def __init__(self, thread: _Thread[H]) -> None:
+    def __init__(self, thread: _Thread[H], request: R) -> None:
         self.thread = thread
+        self.request = request
         self._gate = threading.Lock()
         self._gate.acquire()
 
@@ -60,15 +62,17 @@ class _Entry(Generic[H]):
         self.claimant = claimant
         self.depth = 0  # 0 while the claimant is still acquiring from the backend
         self.hold: H | None = None
-        self.waiters: collections.deque[_Waiter[H]] = collections.deque()
+        self.waiters: collections.deque[Waiter[H, Any]] = collections.deque()
 
 
-class Registry(Generic[H]):
+class Registry(Generic[H, R]):
     """Claims, holds and hand-offs for one manager's keys.
 
     A thread moves through ``claim`` (wait in line, then own the right to ask the
     backend), ``settle`` (the backend said yes) or ``unclaim`` (it said no), then
-    ``exit`` and ``unclaim`` on its last release.
+    ``exit`` and ``unclaim`` on its last release. Instead of ``unclaim``, a releasing
+    thread may take the next waiter with ``successor`` and hand it the claim, with
+    a hold obtained on its behalf or none, with ``pass_on``.
     """
 
     def __init__(self, counters: Counters) -> None:
@@ -106,10 +110,12 @@ class Registry(Generic[H]):
         entry.depth += 1
         return True
 
-    def claim(self, key: str, timeout: float | None) -> bool:
+    def claim(self, key: str, timeout: float | None, request: R) -> bool:
         """Become the one thread that may acquire ``key`` from the backend.
 
-        Waits in line up to ``timeout`` seconds (``None``: no limit, ``0``: no wait).
+        Waits in line up to ``timeout`` seconds (``None``: no limit, ``0``: no wait);
+        ``request`` is what a thread handing over the claim may act on. The claim may
+        arrive with a hold already made for the caller: see ``hold``.
         """
         thread = self._thread()
         with self._mutex:
@@ -120,16 +126,19 @@ class Registry(Generic[H]):
                 return True
             if timeout == 0:
                 return False
-            waiter: _Waiter[H] = _Waiter(thread)
+            waiter: Waiter[H, R] = Waiter(thread, request)
             entry.waiters.append(waiter)
         self._counters.add("local_waits")
         if waiter.wait(timeout):
             return True
         with self._mutex:
-            if entry.claimant is thread:
-                return True  # handed over just as the wait ran out
-            entry.waiters.remove(waiter)
-            return False
+            chosen = entry.claimant is thread
+            if not chosen:
+                entry.waiters.remove(waiter)
+        if chosen:
+            # Chosen just as the wait ran out: the hand-off under way ends soon.
+            waiter.wait(None)
+        return chosen
 
     def settle(self, key: str, hold: H) -> None:
         """Record that the claimant now holds ``key``."""
@@ -150,17 +159,32 @@ class Registry(Generic[H]):
 
     def unclaim(self, key: str) -> None:
         """Give up the claim on ``key``: hand it to the next waiter, or drop the entry."""
+        waiter = self.successor(key)
+        if waiter is not None:
+            self.pass_on(key, waiter, None)
+
+    def successor(self, key: str) -> Waiter[H, R] | None:
+        """Give up the claim on ``key`` (held by the caller, released): choose the next
+        waiter, who must then get it with ``pass_on``, or drop the entry if none waits."""
         entry = self._thread().claimed.pop(key)
         entry.hold = None
         entry.depth = 0
         with self._mutex:
-            if entry.waiters:
-                waiter = entry.waiters.popleft()
-                entry.claimant = waiter.thread
-                waiter.thread.claimed[key] = entry
-                waiter.wake()
-            else:
+            if not entry.waiters:
                 del self._entries[key]
+                return None
+            waiter = entry.waiters.popleft()
+            entry.claimant = waiter.thread
+            waiter.thread.claimed[key] = entry
+            return waiter
+
+    def pass_on(self, key: str, waiter: Waiter[H, R], hold: H | None) -> None:
+        """Wake ``waiter`` with the claim on ``key`` and, if given, ``hold``."""
+        if hold is not None:
+            entry = waiter.thread.claimed[key]
+            entry.hold = hold
+            entry.depth = 1
+        waiter.wake()
 
     def __len__(self) -> int:
         """How many keys are claimed now."""

@@ -45,6 +45,10 @@ DEFAULT_POLL_INTERVAL = 0.1
 FIRST_POLL = 0.002
 # How long one operation may keep failing to reach the database before BackendError.
 DEFAULT_DATABASE_TIMEOUT = 20.0
+# A released hold goes straight to the next local waiter, with one UPDATE instead of a
+# DELETE and an INSERT, at most this many times in a row; then it is released, so
+# that other processes get their turn (lock cohorting).
+COHORT_LIMIT = 8
 
 
 def _seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
@@ -147,7 +151,8 @@ class LockManager:
             counters=self._counters,
             timeout=_seconds("database_timeout", database_timeout),
         )
-        self._registry: Registry[Hold] = Registry(self._counters)
+        # A waiter's request: who it is and the lease it wants, for a hand-off.
+        self._registry: Registry[Hold, tuple[Owner, float]] = Registry(self._counters)
         self._reaper = Reaper(self.reap)
         self._closed = False
         _managers.add(self)
@@ -275,10 +280,14 @@ class LockManager:
             self._counters.add("acquisitions")
             return True
         deadline = None if wait is None else time.monotonic() + wait
-        if not registry.claim(key, wait):
+        owner = Owner.current()
+        if not registry.claim(key, wait, (owner, ttl)):
             return False
+        if registry.hold(key) is not None:
+            self._counters.add("acquisitions")
+            return True  # handed over by the previous holder of this process
         try:
-            hold = self._acquire_remote(key, ttl, deadline)
+            hold = self._acquire_remote(key, owner, ttl, deadline)
         except BaseException:
             registry.unclaim(key)
             raise
@@ -290,9 +299,10 @@ class LockManager:
         logger.debug("acquired %r (token %d, owner %s)", key, hold.token, hold.owner_id)
         return True
 
-    def _acquire_remote(self, key: str, ttl: float, deadline: float | None) -> Hold | None:
+    def _acquire_remote(
+        self, key: str, owner: Owner, ttl: float, deadline: float | None
+    ) -> Hold | None:
         """Try the backend until it grants ``key`` or ``deadline`` passes."""
-        owner = Owner.current()
         pause = FIRST_POLL
         while True:
             sent = time.monotonic()
@@ -310,18 +320,35 @@ class LockManager:
             pause = min(pause * 2, self.poll_interval)
 
     def _release(self, key: str) -> None:
-        hold = self._registry.exit(key)
+        registry = self._registry
+        hold = registry.exit(key)
         if hold is None:
             self._counters.add("releases")
             return  # an inner reentrant release
+        successor = registry.successor(key)
+        handed: Hold | None = None
         try:
-            released = self._backend.release(key, hold.owner_id, hold.live_until)
+            if successor is not None and hold.handoffs < COHORT_LIMIT:
+                handed = self._handoff(key, hold, *successor.request)
+                released = handed is not None
+            else:
+                released = self._backend.release(key, hold.owner_id, hold.live_until)
         finally:
-            self._registry.unclaim(key)
+            if successor is not None:
+                registry.pass_on(key, successor, handed)
         if not released:
             self._lost(key, hold, "its release")
         self._counters.add("releases")
         logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
+
+    def _handoff(self, key: str, hold: Hold, successor: Owner, ttl: float) -> Hold | None:
+        """Pass ``hold`` to a waiting thread of this process; ``None`` if it was lost."""
+        sent = time.monotonic()
+        token = self._backend.handoff(key, hold.owner_id, hold.token, successor, ttl)
+        if token is None:
+            return None
+        self._counters.add("handoffs")
+        return Hold(token, successor.owner_id, sent + ttl, hold.handoffs + 1)
 
     def _extend(self, key: str, ttl: float) -> None:
         hold = self._registry.hold(key)

@@ -57,6 +57,7 @@ class Hold:
     token: int
     owner_id: str
     live_until: float
+    handoffs: int = 0  # how many hand-offs in a row, within the process, led to it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ class LockStats:
     inserts: int = 0  #: lock rows inserted (holds won in the database)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours
+    handoffs: int = 0  #: holds passed to a local waiter with one UPDATE, no DELETE + INSERT
     releases: int = 0  #: successful ``release()`` calls, reentrant ones included
     lost_holds: int = 0  #: releases and extends that found the hold gone
     reaped: int = 0  #: expired rows deleted by ``reap()`` and the reaper

@@ -36,6 +36,15 @@ class LockBackend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def handoff(
+        self, key: str, owner_id: str, token: int, successor: Owner, ttl: float
+    ) -> int | None:
+        """Pass ``owner_id``'s hold of ``key`` (fencing token ``token``) straight to
+        ``successor``, a thread of the same process, with a lease of ``ttl`` seconds
+        and a higher token, which is returned; ``None`` if the hold was no longer
+        ``owner_id``'s."""
+
+    @abc.abstractmethod
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:
         """Move the hold's lease end to now + ``ttl``; ``False`` if it is not theirs."""
 

@@ -34,7 +34,14 @@ from ..errors import BackendError
 from ..records import LockInfo, Owner
 from ..stats import Counters
 from . import LockBackend
-from .sqltable import MYSQL_FAMILY, REAP_BATCH, Statements, check_table_name, lock_table
+from .sqltable import (
+    MYSQL_FAMILY,
+    REAP_BATCH,
+    Statements,
+    check_table_name,
+    fencing_token,
+    lock_table,
+)
 
 __all__ = ["SQLBackend"]
 
@@ -144,7 +151,7 @@ def _utc(value: datetime | str) -> datetime:
 def _info(row: dict[str, Any]) -> LockInfo:
     return LockInfo(
         key=row["lock_key"],
-        token=row["token"],
+        token=fencing_token(row["token"], row["handoffs"]),
         owner=row["owner_id"],
         host=row["host"],
         pid=row["pid"],
@@ -191,6 +198,7 @@ class Queries:
     delete_expired_key: Query
     delete_owned: Query
     extend_owned: Query
+    handoff_owned: Query
     select_owned_token: Query
     select_live: Query
     select_info: Query
@@ -283,12 +291,30 @@ class SQLBackend(LockBackend):
             self.table.create(self._engine, checkfirst=True)
         except DBAPIError as exc:
             # Another process may have created it between the check and CREATE.
-            try:
-                exists = inspect(self._engine).has_table(self.table.name)
-            except SQLAlchemyError:
-                exists = False
-            if not exists:
+            if not self._has_table():
                 raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
+        self._add_handoffs_column()
+
+    def _has_table(self) -> bool:
+        try:
+            return inspect(self._engine).has_table(self.table.name)
+        except SQLAlchemyError:
+            return False
+
+    def _add_handoffs_column(self) -> None:
+        """Bring a table made by tierlock 0.1, which had no ``handoffs``, up to date."""
+        columns = {column["name"] for column in inspect(self._engine).get_columns(self.table.name)}
+        if "handoffs" in columns:
+            return
+        ddl = f"ALTER TABLE {self.table.name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
+        try:
+            with self._engine.connect() as connection:
+                connection.exec_driver_sql(ddl)
+        except DBAPIError as exc:
+            columns = {c["name"] for c in inspect(self._engine).get_columns(self.table.name)}
+            if "handoffs" not in columns:  # (else another process added it first)
+                raise BackendError(f"cannot upgrade table {self.table.name!r}: {exc.orig}") from exc
+        logger.warning("added column handoffs to lock table %r", self.table.name)
 
     # -- running statements -------------------------------------------------------
 
@@ -390,7 +416,12 @@ class SQLBackend(LockBackend):
         else:
             token = result.lastrowid if result.rowcount == 1 else None
         self.counters.add("insert_conflicts" if token is None else "inserts")
-        return token
+        return None if token is None else fencing_token(token, 0)
+
+    def _owned_token(self, link: _Link, key: str, owner_id: str) -> int | None:
+        """Our fencing token if ``owner_id`` holds ``key``: what an ambiguous try did."""
+        rows = link.execute(self.queries.select_owned_token, {"key": key, "owner": owner_id}).rows
+        return fencing_token(*rows[0]) if rows else None
 
     def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
         params = {
@@ -407,9 +438,8 @@ class SQLBackend(LockBackend):
         def attempt(link: _Link, uncertain: bool) -> int | None:
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
-                owned = link.execute(queries.select_owned_token, params).rows
-                if owned:
-                    token: int | None = owned[0][0]
+                token = self._owned_token(link, key, owner.owner_id)
+                if token is not None:
                     return token
             token = self._insert(link, params)
             if token is None and link.execute(queries.delete_expired_key, params).rowcount:
@@ -432,6 +462,30 @@ class SQLBackend(LockBackend):
             return uncertain and time.monotonic() < live_until
 
         return self._run("release", key, attempt)
+
+    def handoff(
+        self, key: str, owner_id: str, token: int, successor: Owner, ttl: float
+    ) -> int | None:
+        params = {
+            "key": key,
+            "owner": owner_id,
+            "new_owner": successor.owner_id,
+            "thread": successor.thread_id,
+            "thread_label": successor.thread_name,
+            "ttl": ttl,
+        }
+
+        def attempt(link: _Link, uncertain: bool) -> int | None:
+            if uncertain:
+                handed = self._owned_token(link, key, successor.owner_id)
+                if handed is not None:
+                    return handed
+            if link.execute(self.queries.handoff_owned, params).rowcount != 1:
+                return None
+            # The row was exactly as our hold left it, so its token is ours plus one.
+            return token + 1
+
+        return self._run("handoff", key, attempt)
 
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:
         params = {"key": key, "owner": owner_id, "ttl": ttl}

@@ -25,6 +25,7 @@ from sqlalchemy import (
     delete,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -46,6 +47,15 @@ _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 REAP_BATCH = 500
 
 MYSQL_FAMILY = ("mysql", "mariadb")
+
+# A fencing token is a row's number shifted left by HANDOFF_BITS plus how many times
+# the row was handed from one thread of its process to the next; handoffs per row stay
+# far below 2**HANDOFF_BITS, so tokens strictly increase across all holds of a key.
+HANDOFF_BITS = 16
+
+
+def fencing_token(token: int, handoffs: int) -> int:
+    return (token << HANDOFF_BITS) | handoffs
 
 
 def check_table_name(name: object) -> str:
@@ -89,9 +99,10 @@ Timestamp = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_F
 
 
 def lock_table(name: str, metadata: MetaData | None = None) -> Table:
-    """The lock table. ``token`` is an ever-increasing identity, so it doubles as the
+    """The lock table. ``token`` is an ever-increasing identity, the base of the
     fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
-    PostgreSQL's sequence never hand out a value twice, across restarts too."""
+    PostgreSQL's sequence never hand out a value twice, across restarts too.
+    ``handoffs`` counts the in-process hand-offs of the row (see ``fencing_token``)."""
     return Table(
         name,
         metadata if metadata is not None else MetaData(),
@@ -102,6 +113,7 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
             autoincrement=True,
         ),
         Column("lock_key", LockKeyType(), nullable=False),
+        Column("handoffs", Integer, nullable=False, server_default=text("0")),
         Column("owner_id", String(32), nullable=False),
         Column("host", String(255), nullable=False),
         Column("pid", Integer, nullable=False),
@@ -179,10 +191,9 @@ def _expired(table: Table) -> ColumnElement[bool]:
 
 
 class Statements:
-    """Every statement for one table and dialect, built once so that SQLAlchemy's
-    compiled cache serves each execution. Bound parameter names: ``key``, ``owner``,
-    ``ttl`` (seconds), and for the insert ``host_name``, ``proc``, ``thread``,
-    ``thread_label``."""
+    """Every statement for one table and dialect. Bound parameter names: ``key``,
+    ``owner``, ``ttl`` (seconds), ``new_owner``, and for the holder's record
+    ``host_name``, ``proc``, ``thread``, ``thread_label``."""
 
     def __init__(self, table: Table, dialect_name: str) -> None:
         c = table.c
@@ -237,9 +248,25 @@ class Statements:
             update(table).where(owned).values(expires_at=utc_after(bindparam("ttl", type_=Float)))
         )
 
-        # select_owned_token(key, owner): the token if we hold the key, else no row.
-        # Resolves an insert whose outcome a dropped connection hid.
-        self.select_owned_token = select(c.token).where(owned)
+        # handoff_owned(key, owner, new_owner, thread, thread_label, ttl): 1 row if our
+        # hold now belongs to new_owner, a thread of the same process, with one more
+        # handoff and a lease of ttl from now; 0 rows if it is no longer ours.
+        self.handoff_owned = (
+            update(table)
+            .where(owned)
+            .values(
+                owner_id=bindparam("new_owner"),
+                handoffs=c.handoffs + 1,
+                thread_id=bindparam("thread"),
+                thread_name=bindparam("thread_label"),
+                acquired_at=utc_now(),
+                expires_at=utc_after(bindparam("ttl", type_=Float)),
+            )
+        )
+
+        # select_owned_token(key, owner): token and handoffs if we hold the key, else
+        # no row. Resolves an insert or hand-off whose outcome a dropped connection hid.
+        self.select_owned_token = select(c.token, c.handoffs).where(owned)
 
         # select_live(key): a row if the key has an unexpired hold.
         self.select_live = select(c.token).where(key_is & ~_expired(table))
