@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -49,6 +50,18 @@ DEFAULT_DATABASE_TIMEOUT = 20.0
 # DELETE and an INSERT, at most this many times in a row; then it is released, so
 # that other processes get their turn (lock cohorting).
 COHORT_LIMIT = 8
+# When a key other processes want ends a cohort, the next local waiter lets them try
+# first for this many seconds: long enough for a woken poller's insert to arrive.
+COURTESY_PAUSE = 0.005
+
+
+@dataclasses.dataclass
+class _Request:
+    """What a waiting thread asks for, for a releasing thread to act on."""
+
+    owner: Owner
+    ttl: float
+    courteous: bool = False  # let other processes try first
 
 
 def _seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
@@ -152,7 +165,7 @@ class LockManager:
             timeout=_seconds("database_timeout", database_timeout),
         )
         # A waiter's request: who it is and the lease it wants, for a hand-off.
-        self._registry: Registry[Hold, tuple[Owner, float]] = Registry(self._counters)
+        self._registry: Registry[Hold, _Request] = Registry(self._counters)
         self._reaper = Reaper(self.reap)
         self._closed = False
         _managers.add(self)
@@ -280,14 +293,14 @@ class LockManager:
             self._counters.add("acquisitions")
             return True
         deadline = None if wait is None else time.monotonic() + wait
-        owner = Owner.current()
-        if not registry.claim(key, wait, (owner, ttl)):
+        request = _Request(Owner.current(), ttl)
+        if not registry.claim(key, wait, request):
             return False
         if registry.hold(key) is not None:
             self._counters.add("acquisitions")
             return True  # handed over by the previous holder of this process
         try:
-            hold = self._acquire_remote(key, owner, ttl, deadline)
+            hold = self._acquire_remote(key, request, deadline)
         except BaseException:
             registry.unclaim(key)
             raise
@@ -299,25 +312,39 @@ class LockManager:
         logger.debug("acquired %r (token %d, owner %s)", key, hold.token, hold.owner_id)
         return True
 
-    def _acquire_remote(
-        self, key: str, owner: Owner, ttl: float, deadline: float | None
-    ) -> Hold | None:
-        """Try the backend until it grants ``key`` or ``deadline`` passes."""
+    def _acquire_remote(self, key: str, request: _Request, deadline: float | None) -> Hold | None:
+        """Try the backend until it grants ``key`` or ``deadline`` passes.
+
+        No connection is held between tries: each takes one from the pool and returns it.
+        """
+        owner, ttl = request.owner, request.ttl
+        backend = self._backend
+        doorbell = backend.doorbell(key) if request.courteous else None
         pause = FIRST_POLL
-        while True:
-            sent = time.monotonic()
-            token = self._backend.try_acquire(key, owner, ttl)
-            if token is not None:
-                return Hold(token, owner.owner_id, live_until=sent + ttl)
-            delay = random.uniform(pause / 2, pause)
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                delay = min(delay, remaining)
-            # No connection is held here: each try takes one from the pool and returns it.
-            time.sleep(delay)
-            pause = min(pause * 2, self.poll_interval)
+        try:
+            if doorbell is not None:
+                doorbell.wait(COURTESY_PAUSE)
+            while True:
+                if doorbell is not None:
+                    doorbell.arm()
+                sent = time.monotonic()
+                token = backend.try_acquire(key, owner, ttl)
+                if token is not None:
+                    contended = doorbell is not None
+                    return Hold(token, owner.owner_id, sent + ttl, contended=contended)
+                if doorbell is None:
+                    doorbell = backend.doorbell(key)  # from the first miss on
+                delay = random.uniform(pause / 2, pause)
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    delay = min(delay, remaining)
+                doorbell.wait(delay)
+                pause = min(pause * 2, self.poll_interval)
+        finally:
+            if doorbell is not None:
+                doorbell.close()
 
     def _release(self, key: str) -> None:
         registry = self._registry
@@ -329,9 +356,11 @@ class LockManager:
         handed: Hold | None = None
         try:
             if successor is not None and hold.handoffs < COHORT_LIMIT:
-                handed = self._handoff(key, hold, *successor.request)
+                handed = self._handoff(key, hold, successor.request)
                 released = handed is not None
             else:
+                if successor is not None and hold.contended:
+                    successor.request.courteous = True
                 released = self._backend.release(key, hold.owner_id, hold.live_until)
         finally:
             if successor is not None:
@@ -341,14 +370,16 @@ class LockManager:
         self._counters.add("releases")
         logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
 
-    def _handoff(self, key: str, hold: Hold, successor: Owner, ttl: float) -> Hold | None:
+    def _handoff(self, key: str, hold: Hold, request: _Request) -> Hold | None:
         """Pass ``hold`` to a waiting thread of this process; ``None`` if it was lost."""
         sent = time.monotonic()
-        token = self._backend.handoff(key, hold.owner_id, hold.token, successor, ttl)
+        token = self._backend.handoff(key, hold.owner_id, hold.token, request.owner, request.ttl)
         if token is None:
             return None
         self._counters.add("handoffs")
-        return Hold(token, successor.owner_id, sent + ttl, hold.handoffs + 1)
+        return Hold(
+            token, request.owner.owner_id, sent + request.ttl, hold.handoffs + 1, hold.contended
+        )
 
     def _extend(self, key: str, ttl: float) -> None:
         hold = self._registry.hold(key)

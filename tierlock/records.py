@@ -58,6 +58,7 @@ class Hold:
     owner_id: str
     live_until: float
     handoffs: int = 0  # how many hand-offs in a row, within the process, led to it
+    contended: bool = False  # whether another process held the key when it was won
 
 
 @dataclasses.dataclass(frozen=True)

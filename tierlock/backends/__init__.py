@@ -7,6 +7,7 @@ only takes, releases and inspects holds of keys, deciding expiry by its own cloc
 from __future__ import annotations
 
 import abc
+import time
 from typing import TYPE_CHECKING
 
 from ..records import LockInfo, Owner
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
     from ..stats import Counters
 
-__all__ = ["LockBackend", "open_backend"]
+__all__ = ["Doorbell", "LockBackend", "open_backend"]
 
 
 class LockBackend(abc.ABC):
@@ -48,6 +49,15 @@ class LockBackend(abc.ABC):
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:
         """Move the hold's lease end to now + ``ttl``; ``False`` if it is not theirs."""
 
+    def doorbell(self, key: str) -> Doorbell:
+        """A way for the one poller of ``key`` in this process to wait between tries.
+
+        This one sleeps; a backend whose database can say when a hold ends wakes the
+        poller early instead. Either way the poller tries again after the pause, so
+        a missed wake-up only costs time.
+        """
+        return Doorbell()
+
     @abc.abstractmethod
     def is_locked(self, key: str) -> bool:
         """Whether an unexpired hold of ``key`` exists."""
@@ -75,6 +85,22 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release what the backend opened."""
+
+
+class Doorbell:
+    """Pauses of one poller of one key: ``arm()`` before each try, ``wait()`` after a
+    failed one, ``close()`` when done."""
+
+    def arm(self) -> None:
+        pass
+
+    def wait(self, seconds: float) -> bool:
+        """Pause up to ``seconds``; ``True`` if woken early because the key may be free."""
+        time.sleep(seconds)
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 def open_backend(

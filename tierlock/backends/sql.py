@@ -33,7 +33,8 @@ from sqlalchemy.sql.expression import ClauseElement
 from ..errors import BackendError
 from ..records import LockInfo, Owner
 from ..stats import Counters
-from . import LockBackend
+from . import Doorbell, LockBackend
+from .notify import Listener, channel_name
 from .sqltable import (
     MYSQL_FAMILY,
     REAP_BATCH,
@@ -281,7 +282,12 @@ class SQLBackend(LockBackend):
         self.dialect_name = self._engine.dialect.name
         self._dialect = self._engine.dialect
         self._dbapi_error: type[Exception] = self._dialect.loaded_dbapi.Error
-        self.sql = Statements(self.table, self.dialect_name)
+        self._listener: Listener | None = None
+        channel = None
+        if self.dialect_name == "postgresql":
+            channel = channel_name(self.table.name)
+            self._listener = Listener(self._listening_connection, channel)
+        self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._dialect)
         if create_table:
             self._create_table()
@@ -536,10 +542,28 @@ class SQLBackend(LockBackend):
                 self.counters.add("reaped", total)
                 return total
 
+    def doorbell(self, key: str) -> Doorbell:
+        if self._listener is None:
+            return super().doorbell(key)
+        return self._listener.doorbell(key)
+
+    def _listening_connection(self) -> Any:
+        """A driver connection of the listener's own, outside the pool."""
+        connection = self._engine.raw_connection()
+        connection.detach()
+        driver_connection = connection.dbapi_connection
+        assert driver_connection is not None
+        driver_connection.autocommit = True
+        return driver_connection
+
     def after_fork(self) -> None:
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
         self._base_engine.dispose(close=False)
+        if self._listener is not None:
+            self._listener.forget()
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self._owns_engine:
             self._base_engine.dispose()

@@ -23,7 +23,9 @@ from sqlalchemy import (
     UniqueConstraint,
     bindparam,
     delete,
+    func,
     insert,
+    literal,
     select,
     text,
     update,
@@ -195,7 +197,7 @@ class Statements:
     ``owner``, ``ttl`` (seconds), ``new_owner``, and for the holder's record
     ``host_name``, ``proc``, ``thread``, ``thread_label``."""
 
-    def __init__(self, table: Table, dialect_name: str) -> None:
+    def __init__(self, table: Table, dialect_name: str, channel: str | None = None) -> None:
         c = table.c
         key_is = c.lock_key == bindparam("key")
         owned = key_is & (c.owner_id == bindparam("owner"))
@@ -239,8 +241,12 @@ class Statements:
         self.delete_expired_key = delete(table).where(key_is & _expired(table))
 
         # delete_owned(key, owner): 1 row if the hold was ours and is now released;
-        # 0 rows if it is no longer ours (reaped, taken over or force-released).
-        self.delete_owned = delete(table).where(owned)
+        # 0 rows if it is no longer ours (reaped, taken over or force-released). With a
+        # channel (PostgreSQL), the release is announced there with the key.
+        self.delete_owned: Delete | Select[Any] = delete(table).where(owned)
+        if channel is not None:
+            gone = delete(table).where(owned).returning(c.lock_key).cte("gone")
+            self.delete_owned = select(func.pg_notify(literal(channel), gone.c.lock_key))
 
         # extend_owned(key, owner, ttl): 1 row if our hold now lasts ttl from now;
         # 0 rows if it is no longer ours.

@@ -1,0 +1,65 @@
+"""Hand-offs between threads of one process, and wake-ups between processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+import tierlock
+
+MakeManager = Callable[..., tierlock.LockManager]
+
+
+def test_lost_hold_is_not_handed_to_a_local_waiter(make_manager: MakeManager, key: str) -> None:
+    """A hold whose lease ran out and was taken elsewhere is lost for its holder, and
+    the local waiter queued behind it gets the key only from the database."""
+    manager, other = make_manager(ttl=0.5), make_manager()
+    lock = manager.lock(key)
+    assert lock.acquire()
+    queued = threading.Event()
+    waiter_token: list[int | None] = []
+
+    def wait_in_line() -> None:
+        queued.set()
+        assert lock.acquire(timeout=20)
+        waiter_token.append(lock.token)
+        lock.release()
+
+    waiter = threading.Thread(target=wait_in_line)
+    waiter.start()
+    assert queued.wait(10)
+    taker = other.lock(key)
+    assert taker.acquire(timeout=10)  # after the 0.5 s lease, by takeover
+    with pytest.raises(tierlock.LockLostError):
+        lock.release()
+    assert not waiter_token  # the waiter must not hold the key beside `taker`
+    assert other.info(key) is not None
+    assert other.info(key).token == taker.token  # type: ignore[union-attr]
+    taker_token = taker.token
+    taker.release()
+    waiter.join(20)
+    assert waiter_token and waiter_token[0] is not None and taker_token is not None
+    assert waiter_token[0] > taker_token
+    assert manager.stats().handoffs == 0
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_release_rings_the_doorbell_of_another_process(make_manager: MakeManager, key: str) -> None:
+    """On PostgreSQL a release is announced, so a poller of another manager is woken
+    at once instead of sleeping out its pause."""
+    holder, poller = make_manager(), make_manager()
+    lock = holder.lock(key)
+    assert lock.acquire()
+    doorbell = poller._backend.doorbell(key)
+    try:
+        # The listener rings every bell once it listens, in case a release came first.
+        assert doorbell.wait(10)
+        doorbell.arm()
+        assert not doorbell.wait(0.05)  # nothing released yet: a plain pause
+        lock.release()
+        assert doorbell.wait(10)
+    finally:
+        doorbell.close()

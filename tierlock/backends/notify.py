@@ -1,0 +1,101 @@
+"""Wake-ups from PostgreSQL: a released hold is announced with NOTIFY, so a poller
+waiting for the key tries again at once instead of at its next pause.
+
+Each manager keeps one extra connection, opened when some thread first has to wait
+for a key held elsewhere, that LISTENs on the table's channel. The wake-ups only
+save time: a poller still tries again after each pause, so a lost notification (the
+connection dropped, the server restarted) costs at most one pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import Doorbell
+
+__all__ = ["Listener", "channel_name"]
+
+logger = logging.getLogger(__name__)
+
+# Seconds between checks whether the listener should stop, and between reconnections.
+LISTEN_SLICE = 1.0
+
+
+def channel_name(table: str) -> str:
+    # LISTEN folds an unquoted name to lower case; pg_notify takes it as given.
+    return f"tierlock_{table.lower()}"
+
+
+class Listener:
+    """LISTENs for released keys on a connection of its own, in a daemon thread."""
+
+    def __init__(self, connect: Callable[[], Any], channel: str) -> None:
+        self._connect = connect  # a new autocommit psycopg connection
+        self._channel = channel
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh; used in a forked child, where the listening thread is gone."""
+        self._mutex = threading.Lock()
+        self._bells: dict[str, threading.Event] = {}
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def doorbell(self, key: str) -> Doorbell:
+        with self._mutex:
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(
+                    target=self._listen, name="tierlock-listener", daemon=True
+                )
+                self._thread.start()
+            bell = self._bells[key] = threading.Event()
+        return _Bell(self, key, bell)
+
+    def close(self) -> None:
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2 * LISTEN_SLICE)
+
+    def _listen(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                connection = self._connect()
+                try:
+                    connection.execute(f"LISTEN {self._channel}")
+                    self._ring_all()  # releases before LISTEN took effect went unheard
+                    while not self._stopped.is_set():
+                        for notification in connection.notifies(timeout=LISTEN_SLICE):
+                            bell = self._bells.get(notification.payload)
+                            if bell is not None:
+                                bell.set()
+                finally:
+                    connection.close()
+            except Exception as exc:  # pollers fall back on their pauses meanwhile
+                logger.debug("listening for released locks failed, retrying: %s", exc)
+                self._stopped.wait(LISTEN_SLICE)
+
+    def _ring_all(self) -> None:
+        for bell in list(self._bells.values()):
+            bell.set()
+
+
+class _Bell(Doorbell):
+    def __init__(self, listener: Listener, key: str, event: threading.Event) -> None:
+        self._listener = listener
+        self._key = key
+        self._event = event
+
+    def arm(self) -> None:
+        self._event.clear()
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+    def close(self) -> None:
+        bells = self._listener._bells
+        if bells.get(self._key) is self._event:
+            del bells[self._key]
