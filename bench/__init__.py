@@ -1,1 +1,1 @@
-"""Benchmarks of tierlock against its floor; run them with ``python -m bench``."""
+"""Benchmarks of tierlock against its peers and its floor; run them with ``python -m bench``."""

@@ -1,3 +1,3 @@
-from .acquire_release import main
+from .harness import main
 
 raise SystemExit(main())

@@ -1,36 +1,28 @@
 """What one uncontended acquire + release costs through tierlock, next to its floor.
 
 The floor is the two statements a hold needs (tierlock's own insert-if-absent and its
-delete by key and owner, compiled for the server) sent on one persistent autocommit
-connection of the bare driver: sqlite3, pymysql or psycopg. Both run against the same
+delete by key and owner, taken from its backend and compiled for the server; on
+PostgreSQL the delete also announces the release with NOTIFY) sent on one persistent
+autocommit connection of the bare driver: sqlite3, pymysql or psycopg. Both use the same
 table, on disjoint pools of keys, so the row and index work is the same. The rest of
 tierlock's time is its own: tier 1, SQLAlchemy, the connection pool.
 
 Rounds visit every database in turn; within a round the two sides take turns every
 few dozen cycles, the first side alternating by round, so noise hits both alike. Each
 sample is one acquire + release; medians and 90th percentiles are over all rounds.
-
-::
-
-    python -m bench                       # SQLite, MariaDB and PostgreSQL
-    python -m bench --db sqlite --rounds 3 --iterations 500 --output bench.md
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import math
 import os
 import platform
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy
@@ -38,13 +30,12 @@ from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.sql.expression import ClauseElement
 
 import tierlock
-from tierlock.backends.sqltable import Statements, lock_table
+from tierlock.backends.sql import SQLBackend
+from tierlock.backends.sqltable import Statements
 
-DATABASES: dict[str, str | None] = {
-    "sqlite": None,  # a file in a temporary directory
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-}
+from .drivers import mysql_connection, postgresql_connection
+from .report import percentile
+
 KEYS = 1000  # keys are used round-robin, so each hold inserts a row for a free key
 WARMUP = 200  # untimed cycles per side first: connections, statement caches, pages
 # Within a round the two sides take turns every BLOCK cycles, so that a burst of noise
@@ -81,8 +72,12 @@ class Side:
         self.count = start + iterations
 
 
-def tierlock_side(url: str, table: str) -> Side:
-    locks = tierlock.LockManager(url, table=table, reaper_interval=None)
+def tierlock_side(url: str, table: str) -> tuple[Side, Statements]:
+    """tierlock's side, and the statements its backend sends, for the raw side to send."""
+    locks = tierlock.LockManager(url, table=table, reaper_interval=None)  # creates the table
+    backend = locks._backend
+    if not isinstance(backend, SQLBackend):
+        raise TypeError(f"{url!r} is not served by the SQL backend")
     handles = [locks.lock(f"bench:tierlock:{index}") for index in range(KEYS)]
 
     def cycle(index: int) -> None:
@@ -90,21 +85,24 @@ def tierlock_side(url: str, table: str) -> Side:
         lock.acquire()
         lock.release()
 
-    return Side(cycle, locks.close)
+    return Side(cycle, locks.close), backend.sql
 
 
-def _compiled(statement: ClauseElement, dialect: Dialect) -> tuple[str, list[str] | None]:
-    """The SQL text tierlock sends, and the parameter order for a positional driver."""
+def _compiled(
+    statement: ClauseElement, dialect: Dialect, values: list[dict[str, Any]]
+) -> tuple[str, list[Any]]:
+    """The SQL text tierlock sends, and the driver's parameters for each of ``values``,
+    with the values the statement carries itself (such as the NOTIFY channel)."""
     compiled = statement.compile(dialect=dialect)
+    merged = [{**compiled.params, **value} for value in values]
     order = compiled.positiontup  # type: ignore[attr-defined]
-    return str(compiled), None if order is None else list(order)
+    if order is not None:
+        return str(compiled), [[value[name] for name in order] for value in merged]
+    return str(compiled), merged
 
 
-def raw_side(url: URL, dialect: Dialect, table: str) -> Side:
+def raw_side(url: URL, dialect: Dialect, sql: Statements, table: str) -> Side:
     """The same two statements on the bare driver, parameters prepared beforehand."""
-    sql = Statements(lock_table(table), dialect.name)
-    insert_sql, insert_order = _compiled(sql.insert_if_absent, dialect)  # type: ignore[arg-type]
-    delete_sql, delete_order = _compiled(sql.delete_owned, dialect)
     values = [
         {
             "key": f"bench:raw:{index}",
@@ -118,12 +116,8 @@ def raw_side(url: URL, dialect: Dialect, table: str) -> Side:
         for index in range(KEYS)
     ]
 
-    def arguments(order: list[str] | None) -> list[Any]:
-        if order is None:
-            return values
-        return [[value[name] for name in order] for value in values]
-
-    inserts, deletes = arguments(insert_order), arguments(delete_order)
+    insert_sql, inserts = _compiled(sql.insert_if_absent, dialect, values)  # type: ignore[arg-type]
+    delete_sql, deletes = _compiled(sql.delete_owned, dialect, values)
     backend = url.get_backend_name()
 
     if backend == "sqlite":
@@ -143,16 +137,7 @@ def raw_side(url: URL, dialect: Dialect, table: str) -> Side:
         return Side(sqlite_cycle, sqlite_close)
 
     if backend in ("mysql", "mariadb"):
-        import pymysql
-
-        mysql = pymysql.connect(
-            host=url.host or "localhost",
-            port=url.port or 3306,
-            user=url.username,
-            password=url.password or "",
-            database=url.database,
-            autocommit=True,
-        )
+        mysql = mysql_connection(url)
         cursor = mysql.cursor()
 
         def mysql_cycle(index: int) -> None:
@@ -167,16 +152,7 @@ def raw_side(url: URL, dialect: Dialect, table: str) -> Side:
         return Side(mysql_cycle, mysql_close)
 
     if backend == "postgresql":
-        import psycopg
-
-        postgresql = psycopg.connect(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            dbname=url.database,
-            autocommit=True,
-        )
+        postgresql = postgresql_connection(url)
         pg_cursor = postgresql.cursor()
 
         def postgresql_cycle(index: int) -> None:
@@ -203,15 +179,15 @@ def connected_dialect(url: str) -> Dialect:
         engine.dispose()
 
 
-class Subject:
+class Pair:
     """One database: the tierlock side and the raw side, on one table."""
 
     def __init__(self, name: str, url: str, table: str) -> None:
         self.name = name
         # tierlock first: it creates the table, which the raw side then shares.
-        self.tierlock = tierlock_side(url, table)
+        self.tierlock, statements = tierlock_side(url, table)
         try:
-            self.raw = raw_side(make_url(url), connected_dialect(url), table)
+            self.raw = raw_side(make_url(url), connected_dialect(url), statements, table)
         except BaseException:
             self.tierlock.close()
             raise
@@ -222,105 +198,46 @@ class Subject:
         self.raw.close()  # and drops the table
 
 
-def percentile(samples: list[int], fraction: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
-
-
-def table_rows(subjects: Sequence[Subject]) -> list[str]:
+def table_rows(pairs: Sequence[Pair]) -> list[str]:
+    """The comparison table, one row per database."""
     lines = [
         "| database | tierlock median µs | tierlock p90 µs | raw median µs | raw p90 µs | ratio |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for subject in subjects:
-        ours, raw = subject.tierlock.samples, subject.raw.samples
+    for pair in pairs:
+        ours, raw = pair.tierlock.samples, pair.raw.samples
         ours_median, raw_median = statistics.median(ours), statistics.median(raw)
         lines.append(
-            f"| {subject.name} | {ours_median / 1000:.1f} | {percentile(ours, 0.9) / 1000:.1f} "
+            f"| {pair.name} | {ours_median / 1000:.1f} | {percentile(ours, 0.9) / 1000:.1f} "
             f"| {raw_median / 1000:.1f} | {percentile(raw, 0.9) / 1000:.1f} "
             f"| {ours_median / raw_median:.2f} |"
         )
     return lines
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench",
-        description="Uncontended tierlock acquire+release versus the same SQL on the bare driver.",
-    )
-    parser.add_argument(
-        "--db", action="append", choices=sorted(DATABASES), help="database (repeatable; all)"
-    )
-    parser.add_argument(
-        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for database NAME"
-    )
-    parser.add_argument("--rounds", type=positive, default=5, help="rounds (default 5)")
-    parser.add_argument(
-        "--iterations", type=positive, default=2000, help="cycles per side per round (2000)"
-    )
-    parser.add_argument("--output", type=Path, help="also write the table to this file")
-    parser.add_argument(
-        "--table",
-        default=f"bench_{uuid.uuid4().hex[:12]}",
-        help="scratch table, created and dropped on each database (default: a random name)",
-    )
-    args = parser.parse_args(argv)
-    urls = dict(DATABASES)
-    for item in args.dburi:
-        name, _, url = item.partition("=")
-        if name not in DATABASES or not url:
-            parser.error(f"--dburi takes NAME=URL with NAME in {sorted(DATABASES)}")
-        urls[name] = url
-    args.urls = urls
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    names = [name for name in DATABASES if not args.db or name in args.db]
-    subjects: list[Subject] = []
-    with tempfile.TemporaryDirectory(prefix="tierlock-bench-") as scratch:
-        try:
-            for name in names:
-                url = args.urls[name] or f"sqlite:///{Path(scratch) / 'bench.db'}"
-                try:
-                    subjects.append(Subject(name, url, args.table))
-                except Exception as exc:
-                    shown = make_url(url).render_as_string(hide_password=True)
-                    print(f"{name}: skipped, cannot use {shown}: {exc}")
-            if not subjects:
-                print("no database to measure")
-                return 1
-            for subject in subjects:
-                for side in subject.sides:
-                    side.run(min(WARMUP, args.iterations), record=False)
-            for number in range(args.rounds):
-                print(f"round {number + 1} of {args.rounds}", file=sys.stderr)
-                for subject in subjects:
-                    sides = subject.sides if number % 2 == 0 else subject.sides[::-1]
-                    for done in range(0, args.iterations, BLOCK):
-                        for side in sides:
-                            side.run(min(BLOCK, args.iterations - done))
-        finally:
-            for subject in subjects:
-                subject.close()
+def compare(urls: dict[str, str], rounds: int, iterations: int, table: str) -> list[str]:
+    """Measure each database (name to URL) on a scratch ``table``, dropped afterwards;
+    return the report's markdown lines."""
+    pairs: list[Pair] = []
+    try:
+        for name, url in urls.items():
+            pairs.append(Pair(name, url, table))
+        for pair in pairs:
+            for side in pair.sides:
+                side.run(min(WARMUP, iterations), record=False)
+        for number in range(rounds):
+            print(f"acquire-release: round {number + 1} of {rounds}", file=sys.stderr)
+            for pair in pairs:
+                sides = pair.sides if number % 2 == 0 else pair.sides[::-1]
+                for done in range(0, iterations, BLOCK):
+                    for side in sides:
+                        side.run(min(BLOCK, iterations - done))
+    finally:
+        for pair in pairs:
+            pair.close()
     caption = (
-        f"Uncontended acquire + release, {args.rounds} round(s) x {args.iterations} iterations "
-        f"over {KEYS} keys; tierlock {tierlock.__version__}, SQLAlchemy "
-        f"{sqlalchemy.__version__}, Python {platform.python_version()}. "
-        "raw: the same two statements on the bare driver; ratio: tierlock median / raw median."
+        f"Uncontended acquire + release, {rounds} interleaved round(s) x {iterations} "
+        f"iterations per side over {KEYS} keys, one thread. raw: the same two statements "
+        "tierlock sends, on the bare driver; ratio: tierlock median / raw median."
     )
-    report = "\n".join([caption, "", *table_rows(subjects)]) + "\n"
-    print()
-    print(report, end="")
-    if args.output is not None:
-        args.output.write_text(report, encoding="utf-8")
-    return 0
+    return [caption, "", *table_rows(pairs)]

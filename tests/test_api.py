@@ -11,7 +11,18 @@ import tierlock
 
 def test_all_public_names_are_exported() -> None:
     public = {name for name in dir(tierlock) if not name.startswith("_")}
-    modules = {"backends", "errors", "keys", "local", "manager", "reaper", "records", "stats"}
+    modules = {
+        "backends",
+        "cli",
+        "demo",
+        "errors",
+        "keys",
+        "local",
+        "manager",
+        "reaper",
+        "records",
+        "stats",
+    }
     assert public - modules == set(tierlock.__all__) - {"__version__"}
 
 

@@ -1,10 +1,13 @@
-"""``python -m bench`` keeps working: it measures each database and prints the table.
+"""``python -m bench`` drives every implementation through each kind of scenario.
 
-Only that it runs is checked here; timings are for people to read, not for tests.
+Timings are for people to read, not for tests: what is checked is that every row is
+reported, that no lock let two sections of a key overlap while the floor, which locks
+nothing, was caught doing so, and that a run leaves no table and no process behind.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import uuid
@@ -12,50 +15,117 @@ from pathlib import Path
 
 import procs
 import pytest
+import redis
 from sqlalchemy import create_engine, inspect
 
-HEADER = "| database | tierlock median µs | tierlock p90 µs | raw median µs | raw p90 µs | ratio |"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+SCENARIOS = ("uncontended", "hot-4x4")  # one thread; processes contending
+FLOOR = "floor: 2x SELECT 1"
+REDIS = "redis-py Lock"
+LOCKS = {
+    "sqlite": ["tierlock", "table-only"],
+    "mariadb": ["tierlock", "table-only", "GET_LOCK"],
+    "postgresql": ["tierlock", "table-only", "pg_advisory_lock"],
+}
 
 
-def row(name: str) -> str:
-    return rf"\| {name} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|"
+def require_redis() -> None:
+    """Skip without the Redis server, or fail when ``CI=true``, as ``require_server`` does."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        reason = f"{REDIS_URL} is unreachable: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    finally:
+        client.close()
 
 
 def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m bench`` from this checkout, with a tiny workload."""
-    result = procs.run_python("-m", "bench", "--rounds", "2", "--iterations", "3", *args, cwd=cwd)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result
+    """``python -m bench`` from this checkout, briefly."""
+    return procs.run_python(
+        *("-m", "bench", "--seconds", "0.1", "--repeats", "1", "--iterations", "20", *args),
+        cwd=cwd,
+    )
 
 
+def rows(report: str, scenario: str) -> dict[str, list[str]]:
+    """The cells of each row of the scenario's first table, by implementation."""
+    section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
+    table = section.split("\n\n", 3)[2]  # after the heading and the database's title
+    lines = table.splitlines()[2:]  # below the column headers
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    return {row[0]: row[1:] for row in cells}
+
+
+def processes_naming(text: str) -> list[int]:
+    """Processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_text(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            pass  # ended meanwhile
+    return found
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
-def test_bench_measures_the_database(db: str, db_url: str, tmp_path: Path) -> None:
-    output = tmp_path / "bench.md"
+def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_path: Path) -> None:
+    require_redis()
+    output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
     result = run_bench(
         *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
+        *(f"--scenario={scenario}" for scenario in (*SCENARIOS, "acquire-release")),
         cwd=tmp_path,
     )
-    assert HEADER in result.stdout
-    assert re.search(row(db), result.stdout), result.stdout
-    written = output.read_text(encoding="utf-8")
-    assert HEADER in written
-    assert re.search(row(db), written)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = output.read_text(encoding="utf-8")
+    assert report in result.stdout
+    assert "- legend: " in report and "- machine: " in report
+
+    floors = [] if db == "sqlite" else [FLOOR]
+    for scenario in SCENARIOS:
+        found = rows(report, scenario)
+        assert list(found) == [*LOCKS[db], *floors, REDIS], report
+        for label in [*LOCKS[db], REDIS]:
+            assert found[label][-1] == "0", f"{scenario}: {label} violated exclusion\n{report}"
+            assert float(found[label][0].split()[0]) > 0, f"{scenario}: {label} ran no section"
+        for label in floors:
+            assert found[label][-1] == "n/a"
+    if floors:
+        # Sixteen threads on one key with no lock: the check must catch them.
+        hot = report.split("\n## hot-4x4:", 1)[1].split("\n## ", 1)[0]
+        caught = re.search(r"caught (\d+) lost updates and (\d+) overlaps", hot)
+        assert caught is not None, report
+        assert int(caught[1]) + int(caught[2]) > 0, report
+    assert re.search(rf"\| {db} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", report)
+
     engine = create_engine(db_url)
     try:
-        assert not inspect(engine).has_table(table), "the scratch table is dropped afterwards"
+        assert not inspect(engine).has_table(table), "the lock table is dropped afterwards"
     finally:
         engine.dispose()
+    assert processes_naming(table) == [], "no worker outlives the run"
 
 
 @pytest.mark.multiprocess
 def test_unreachable_server_is_skipped_with_a_note(tmp_path: Path) -> None:
     dead = "postgresql+psycopg://postgres@127.0.0.1:1/test"  # nothing listens on port 1
+    output = tmp_path / "results.md"
     result = run_bench(
         *("--db", "sqlite", "--dburi", f"sqlite=sqlite:///{tmp_path / 'bench.db'}"),
         *("--db", "postgresql", "--dburi", f"postgresql={dead}"),
+        *("--impl", "tierlock", "--scenario", "uncontended", "--output", str(output)),
         cwd=tmp_path,
     )
-    assert f"postgresql: skipped, cannot use {dead}" in result.stdout
-    assert re.search(row("sqlite"), result.stdout)
-    assert not re.search(row("postgresql"), result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = output.read_text(encoding="utf-8")
+    assert f"- skipped: postgresql: cannot use {dead}" in report
+    assert list(rows(report, "uncontended")) == ["tierlock"]
+    assert "### SQLite" in report
+    assert "### PostgreSQL" not in report

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import procs
 import pytest
+
+import tierlock
 
 QUICKSTART = procs.ROOT / "examples" / "quickstart.py"
 
@@ -41,3 +47,79 @@ def test_quickstart(db_url: str, tmp_path: Path) -> None:
 def test_quickstart_defaults_to_a_sqlite_file(tmp_path: Path) -> None:
     check_quickstart_output(run_example(QUICKSTART, cwd=tmp_path))
     assert (tmp_path / "tierlock.db").is_file()
+
+
+EXAMPLES = procs.ROOT / "examples"
+
+
+def run_ok(script: str, *args: str, cwd: Path) -> str:
+    """Run ``examples/<script>``; it must exit 0 without a traceback. Returns its output."""
+    result = run_example(EXAMPLES / script, *args, cwd=cwd)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+@pytest.mark.multiprocess
+def test_flask_app_balances_add_up(db_url: str, table: str, tmp_path: Path) -> None:
+    out = run_ok("flask_app.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    assert "200 transfers from 8 client threads" in out
+    rows = re.findall(r"user \d: balance +(-?\d+), expected +(-?\d+)", out)
+    assert len(rows) == 5
+    assert all(balance == expected for balance, expected in rows)
+    assert "total 5000 of 5000" in out
+    assert "every balance adds up" in out
+
+
+@pytest.mark.multiprocess
+def test_django_service_pays_out_exactly_the_balance(
+    db_url: str, table: str, tmp_path: Path
+) -> None:
+    out = run_ok("django_service.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    for user in range(3):
+        assert f"user {user}: 20 of 30 withdrawals of 5 paid out, balance 0 " in out
+    assert "every balance is right" in out
+
+
+@pytest.mark.multiprocess
+def test_cron_job_skips_while_another_run_holds_it(
+    db_url: str, table: str, make_manager: Callable[..., tierlock.LockManager], tmp_path: Path
+) -> None:
+    job = f"job-{uuid.uuid4().hex}"
+    args = ("--url", db_url, "--table", table, "--job", job, "--seconds", "0")
+    locks = make_manager()
+    with locks.lock(("cron", job)):  # a run on another host, still at work
+        skipped = run_ok("cron_job.py", *args, cwd=tmp_path)
+        assert locks.info(("cron", job)) is not None
+    ran = run_ok("cron_job.py", *args, cwd=tmp_path)
+
+    here = f"on {socket.gethostname()} (pid {os.getpid()})"
+    assert f"skipped {job}: already running {here}" in skipped
+    assert f"running {job}" not in skipped
+    assert re.search(rf"running {job} \(fencing token \d+\)", ran)
+    assert f"finished {job}" in ran
+    assert "skipped" not in ran
+    assert locks.info(("cron", job)) is None, "the run released the lock"
+
+
+@pytest.mark.multiprocess
+def test_fencing_refuses_the_stalled_holder(db_url: str, table: str, tmp_path: Path) -> None:
+    out = run_ok("fencing.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    stalled = re.search(r"A holds 'report:42' with token (\d+) and a 1 s lease", out)
+    taken = re.search(r"takes the lock over with token (\d+)", out)
+    assert stalled is not None and taken is not None, out
+    old, new = int(stalled[1]), int(taken[1])
+    assert new > old
+    assert f"B writes with token {new}: accepted" in out
+    assert f"A wakes up and writes with token {old}: refused" in out
+    assert "A releases: LockLostError" in out
+    assert f"the store keeps 'written by B' (token {new})" in out
+    # The order is the point: B's write, then A's refused one, then A's lost release.
+    assert out.index("B writes") < out.index("A wakes up") < out.index("A releases")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("script", ["flask_app.py", "django_service.py", "fencing.py"])
+def test_examples_default_to_sqlite_in_a_temporary_directory(script: str, tmp_path: Path) -> None:
+    run_ok(script, cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == [], "nothing is left in the working directory"

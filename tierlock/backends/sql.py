@@ -97,8 +97,11 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise ValueError(f"not a database URL: {url!r}") from None
+    except (ArgumentError, ValueError):
+        # Not quoted: the text may hold a password.
+        raise ValueError(
+            "not a database URL; expected dialect+driver://user:password@host:port/database"
+        ) from None
     options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
         "skip_autocommit_rollback": True,

@@ -1,0 +1,291 @@
+"""``python -m bench``: tierlock next to its peers and floors, under the same workloads.
+
+Every implementation runs every scenario for ``--seconds``, ``--repeats`` times, the
+repeats interleaved so that noise spreads over all; the report gives the median of
+each figure and its ratio to tierlock's on the same database. A last section times one
+uncontended acquire + release against the same two statements on the bare driver.
+The exit status is 1 if a cell failed or a lock let two sections of a key overlap.
+
+::
+
+    python -m bench                                  # everything, into bench/results/results.md
+    python -m bench --db mariadb --scenario hot-4x4 --impl tierlock --impl get-lock
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+import sqlalchemy
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+import tierlock
+
+from .acquire_release import compare
+from .report import LEGEND, Row, scenario_section
+from .subjects import Implementation, implementations
+from .workload import SCENARIOS, SECTION, CellError, Scenario, run_cell
+
+DATABASES: dict[str, str | None] = {
+    "sqlite": None,  # a file in a temporary directory
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+}
+REDIS_URL = "redis://127.0.0.1:6379/0"
+IMPLEMENTATIONS = ("tierlock", "table-only", "get-lock", "advisory", "redis", "floor")
+ACQUIRE_RELEASE = "acquire-release"
+ALL = (*SCENARIOS, ACQUIRE_RELEASE)
+OUTPUT = Path(__file__).resolve().parent / "results" / "results.md"
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="tierlock next to the lock table alone, the servers' own locks, "
+        "redis-py's Lock and two bare round trips, under the same workloads.",
+    )
+    parser.add_argument(
+        "--db", action="append", choices=sorted(DATABASES), help="database (repeatable; all)"
+    )
+    parser.add_argument(
+        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for database NAME"
+    )
+    parser.add_argument(
+        "--impl", action="append", choices=IMPLEMENTATIONS, help="implementation (repeatable; all)"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=ALL,
+        help="scenario (repeatable; all)",
+    )
+    parser.add_argument("--seconds", type=positive_float, default=3.0, help="per cell (3)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="of each cell (3)")
+    parser.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=1000,
+        help=f"{ACQUIRE_RELEASE}: cycles per side in each of --repeats rounds (1000)",
+    )
+    parser.add_argument("--output", type=Path, default=OUTPUT, help=f"report file ({OUTPUT})")
+    parser.add_argument(
+        "--table",
+        default=f"bench_{uuid.uuid4().hex[:12]}",
+        help="lock table, created and dropped on each database (default: a random name)",
+    )
+    args = parser.parse_args(argv)
+    urls = dict(DATABASES)
+    for item in args.dburi:
+        name, _, url = item.partition("=")
+        if name not in DATABASES or not url:
+            parser.error(f"--dburi takes NAME=URL with NAME in {sorted(DATABASES)}")
+        urls[name] = url
+    args.urls = urls
+    return args
+
+
+def unreachable(url: str) -> str | None:
+    """Why the database or Redis server at ``url`` cannot be used, or None."""
+    try:
+        if url.startswith("redis://"):
+            client = redis.Redis.from_url(url, socket_connect_timeout=5)
+            try:
+                client.ping()
+            finally:
+                client.close()
+            return None
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+        finally:
+            engine.dispose()
+    except Exception as exc:
+        return f"cannot use {make_url(url).render_as_string(hide_password=True)}: {exc}"
+    return None
+
+
+def rows_in(url: str, table: str) -> int:
+    """How many rows ``table`` holds; deletes them, so the next cell starts clean."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            count: int = connection.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
+            if count:
+                connection.execute(text(f"DELETE FROM {table}"))
+        return count
+    finally:
+        engine.dispose()
+
+
+def drop(url: str, table: str) -> None:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP TABLE IF EXISTS {table}"))
+    finally:
+        engine.dispose()
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next(
+                (
+                    line.split(":", 1)[1].strip()
+                    for line in cpuinfo
+                    if line.startswith("model name")
+                ),
+                model,
+            )
+    except OSError:
+        pass
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({model}), "
+        f"load average {load} at the start"
+    )
+
+
+def header(
+    args: argparse.Namespace, skipped: list[str], wall: float, started: str, host: str
+) -> list[str]:
+    lines = [
+        "# tierlock benchmark",
+        "",
+        f"- date: {started}; wall time {wall / 60:.1f} min",
+        f"- machine: {host}",
+        f"- software: tierlock {tierlock.__version__}, SQLAlchemy {sqlalchemy.__version__}, "
+        f"redis-py {redis.__version__}, Python {platform.python_version()}",
+        f"- settings: {args.seconds:g} s per cell, median of {args.repeats} interleaved "
+        f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
+        "time.perf_counter(); tierlock and table-only with the default poll_interval, "
+        "reaper off; GET_LOCK and advisory locks block on the server, one connection per "
+        "thread; redis-py Lock blocks with its default 0.1 s sleep",
+        f"- legend: {LEGEND}",
+    ]
+    lines += [f"- skipped: {note}" for note in skipped]
+    return [*lines, ""]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    host = machine()
+    scenarios = [name for name in ALL if name in (args.scenario or ALL)]
+    chosen = set(args.impl or IMPLEMENTATIONS)
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tierlock-bench-") as scratch:
+        urls: dict[str, str] = {}
+        for name in DATABASES:
+            if args.db and name not in args.db:
+                continue
+            url = args.urls[name] or f"sqlite:///{Path(scratch) / 'bench.db'}"
+            reason = unreachable(url)
+            if reason is None:
+                urls[name] = url
+            else:
+                skipped.append(f"{name}: {reason}")
+        redis_url = REDIS_URL if "redis" in chosen else None
+        if redis_url is not None and (reason := unreachable(redis_url)) is not None:
+            skipped.append(f"redis: {reason}")
+            redis_url = None
+        for note in skipped:
+            print(f"skipped {note}", file=sys.stderr)
+        subjects = [
+            implementation
+            for implementation in implementations(urls, args.table, args.table[-12:], redis_url)
+            if implementation.name in chosen
+        ]
+        if not subjects and not urls:
+            print("nothing to measure", file=sys.stderr)
+            return 1
+        try:
+            for url in urls.values():
+                tierlock.LockManager(url, table=args.table, reaper_interval=None).close()
+            rows = run_cells(
+                args, [SCENARIOS[n] for n in scenarios if n in SCENARIOS], subjects, urls
+            )
+        finally:
+            for url in urls.values():
+                drop(url, args.table)
+        lines: list[str] = []
+        for name, scenario_rows in rows.items():
+            lines += scenario_section(SCENARIOS[name], scenario_rows, list(urls))
+        if ACQUIRE_RELEASE in scenarios and urls:
+            lines += [
+                f"## {ACQUIRE_RELEASE}: tierlock next to its own two statements on the bare driver",
+                "",
+                *compare(urls, args.repeats, args.iterations, args.table),
+                "",
+            ]
+    report = "\n".join(header(args, skipped, time.monotonic() - began, started, host) + lines)
+    print(report)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report, encoding="utf-8")
+    every = [row for scenario_rows in rows.values() for row in scenario_rows]
+    return 1 if any(row.failure is not None or row.violated() for row in every) else 0
+
+
+def run_cells(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    subjects: list[Implementation],
+    urls: dict[str, str],
+) -> dict[str, list[Row]]:
+    """Every cell, ``args.repeats`` times, interleaved; rows by scenario name.
+
+    After each cell of a lock table, the rows left in it are counted (and removed).
+    """
+    rows = {scenario.name: [Row(subject, []) for subject in subjects] for scenario in scenarios}
+    for repeat in range(args.repeats):
+        for scenario in scenarios:
+            for row in rows[scenario.name]:
+                implementation = row.implementation
+                if row.failure is not None:
+                    continue
+                where = f"{implementation.label} on {implementation.database or 'redis'}"
+                try:
+                    cell = run_cell(implementation, scenario, args.seconds)
+                except CellError as exc:
+                    row.failure = str(exc)
+                    print(f"{scenario.name}, {where} failed:\n{exc}", file=sys.stderr)
+                    continue
+                if implementation.name in ("tierlock", "table-only"):
+                    assert implementation.database is not None
+                    cell.leftover = rows_in(urls[implementation.database], args.table)
+                row.cells.append(cell)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats} {scenario.name}, {where}: "
+                    f"{sum(cell.sections) / cell.elapsed:.0f} sections/s",
+                    file=sys.stderr,
+                )
+    return rows

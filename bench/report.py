@@ -1,0 +1,151 @@
+"""Figures of a cell, medians over repeats, and the markdown tables of the report."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .subjects import Implementation
+from .workload import Cell, Scenario
+
+DATABASE_TITLES = {"sqlite": "SQLite", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
+
+# The figures of a row, each with its column header; all are also shown as a ratio to
+# tierlock's on the same database.
+COLUMNS = {
+    "rate": "sections/s",
+    "p50": "p50 wait ms",
+    "p99": "p99 wait ms",
+    "fewest": "fewest/thread",
+    "most": "most/thread",
+    "per_section": "statements/section",
+}
+
+LEGEND = (
+    "sections/s: critical sections completed per second, all threads; p50/p99 wait: time "
+    "to acquire; fewest/most per thread: sections of the least and the most served thread "
+    "(fairness); statements/section: SQL statements (Redis: commands) sent per section; "
+    "violations: lost updates and overlapping sections the shared counters caught, summed "
+    "over repeats; each figure is the median over repeats and (0.83x) its ratio to tierlock's "
+    "on the same database; redis-py Lock runs once and appears in every database's table."
+)
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile; NaN without samples."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def figures(cell: Cell) -> dict[str, float]:
+    done = sum(cell.sections)
+    return {
+        "rate": done / cell.elapsed if cell.elapsed else math.nan,
+        "p50": percentile(cell.waits, 0.50) * 1000,
+        "p99": percentile(cell.waits, 0.99) * 1000,
+        "fewest": min(cell.sections, default=0),
+        "most": max(cell.sections, default=0),
+        "per_section": cell.statements / cell.ran if cell.ran else math.nan,
+    }
+
+
+@dataclass
+class Row:
+    """One implementation under one scenario, over all repeats."""
+
+    implementation: Implementation
+    cells: list[Cell]
+    failure: str | None = None
+
+    def median(self, name: str) -> float:
+        return statistics.median(figures(cell)[name] for cell in self.cells)
+
+    def violated(self) -> bool:
+        """Whether a lock that should exclude was caught letting sections overlap."""
+        return self.implementation.excludes and any(
+            cell.lost or cell.overlaps or cell.leftover for cell in self.cells
+        )
+
+    def violations(self) -> str:
+        if self.failure is not None:
+            return "failed"
+        if not self.implementation.excludes:
+            return "n/a"
+        parts = [
+            f"{count} {what}"
+            for count, what in (
+                (sum(cell.lost for cell in self.cells), "lost updates"),
+                (sum(cell.overlaps for cell in self.cells), "overlaps"),
+                (sum(cell.leftover for cell in self.cells), "rows left"),
+            )
+            if count
+        ]
+        return ", ".join(parts) or "0"
+
+
+# Figures that are counts, or large enough that decimals are noise.
+WHOLE = {"rate", "fewest", "most"}
+
+
+def number(value: float, whole: bool = False) -> str:
+    if math.isnan(value):
+        return "-"
+    if whole or abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def figure(row: Row, name: str, reference: Row | None) -> str:
+    if row.failure is not None or not row.cells:
+        return "-"
+    value = row.median(name)
+    shown = number(value, name in WHOLE)
+    if reference is None or reference is row or reference.failure or not reference.cells:
+        return shown
+    base = reference.median(name)
+    if math.isnan(value) or math.isnan(base) or base == 0:
+        return shown
+    return f"{shown} ({value / base:.2f}x)"
+
+
+def scenario_table(rows: Sequence[Row]) -> list[str]:
+    """One scenario's rows on one database, tierlock's first, as markdown lines."""
+    reference = next((row for row in rows if row.implementation.name == "tierlock"), None)
+    lines = [
+        "| implementation | " + " | ".join(COLUMNS.values()) + " | violations |",
+        "|---|" + "---:|" * len(COLUMNS) + "---|",
+    ]
+    for row in rows:
+        cells = [figure(row, name, reference) for name in COLUMNS]
+        lines.append(
+            f"| {row.implementation.label} | " + " | ".join(cells) + f" | {row.violations()} |"
+        )
+    for row in rows:
+        if row.failure is not None:
+            lines.append(f"\n{row.implementation.label} failed: {row.failure.strip()}")
+        elif not row.implementation.excludes and row.cells:
+            lost = sum(cell.lost for cell in row.cells)
+            overlaps = sum(cell.overlaps for cell in row.cells)
+            lines.append(
+                f"\nThe floor excludes nothing: in its sections the check caught {lost} lost "
+                f"updates and {overlaps} overlaps."
+            )
+    return lines
+
+
+def scenario_section(
+    scenario: Scenario, rows: Sequence[Row], databases: Sequence[str]
+) -> list[str]:
+    """The tables of one scenario, one per database; rows without one appear in each."""
+    lines = [f"## {scenario.name}: {scenario.description}", ""]
+    for database in databases:
+        chosen = [row for row in rows if row.implementation.database in (database, None)]
+        if chosen:
+            lines += [f"### {DATABASE_TITLES[database]}", "", *scenario_table(chosen), ""]
+    return lines

@@ -1,0 +1,358 @@
+"""The ``tierlock`` admin commands, through click's runner and as a real program.
+
+Every command is run on every database; errors a user can cause (a bad URL, a server
+that does not answer, a missing table) must end in one line on stderr and exit code 1,
+never a traceback, and must not create the table.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import procs
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import inspect
+from sqlalchemy.engine import Engine
+from test_sql_files import normalise, split
+
+import tierlock
+from tierlock.cli import main
+
+SQL_DIR = procs.ROOT / "sql"
+# Nothing listens on port 1, so a connection there is refused at once.
+CLOSED_PORT_URLS = [
+    "mysql+pymysql://root:secret@127.0.0.1:1/test",
+    "postgresql+psycopg://postgres:secret@127.0.0.1:1/test",
+]
+# Wide enough that rich never folds a row of ``ls``.
+WIDE = {"COLUMNS": "200"}
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env={**WIDE, **(env or {})}).invoke(main, list(args))
+
+
+def check_one_line_error(result: Result, *expected: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tierlock: ")
+    for text in expected:
+        assert text in lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def has_table(engine: Engine, table: str) -> bool:
+    return inspect(engine).has_table(table)
+
+
+def expire(lock: tierlock.Lock) -> None:
+    """Wait until the database's clock has ended ``lock``'s short lease."""
+    deadline = time.monotonic() + procs.WAIT_LIMIT
+    while lock.locked():
+        assert time.monotonic() < deadline, "the lease never ended"
+        time.sleep(0.01)
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"tierlock {tierlock.__version__}\n"
+
+
+def test_init_creates_the_table_and_ls_then_finds_it(
+    db_url: str, table: str, engine: Engine
+) -> None:
+    target = ("--url", db_url, "--table", table)
+    check_one_line_error(invoke(*target, "ls"), f"table {table} does not exist", "tierlock init")
+    assert not has_table(engine, table), "ls must not create the table"
+
+    for _ in range(2):  # the second init finds the table there
+        result = invoke(*target, "init")
+        assert result.exit_code == 0, result.output
+        assert f"table {table} is ready" in result.stdout
+    assert has_table(engine, table)
+    result = invoke(*target, "ls")
+    assert result.exit_code == 0, result.output
+    assert f"no locks in table {table}" in result.stdout
+
+
+def test_admin_commands_do_not_create_a_sqlite_file(tmp_path: Path) -> None:
+    database = tmp_path / "absent.db"
+    url = f"sqlite:///{database}"
+    for command in (["ls"], ["reap"], ["release", "k", "--force"]):
+        check_one_line_error(invoke("--url", url, *command), "tierlock_locks does not exist")
+    assert not database.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "sql_file"),
+    [
+        ("sqlite:///{tmp_path}/never-opened.db", "sqlite.sql"),
+        ("mariadb+pymysql://root:secret@127.0.0.1:1/test", "mysql.sql"),
+        ("postgresql+psycopg://postgres:secret@127.0.0.1:1/test", "postgresql.sql"),
+    ],
+)
+def test_init_print_sql_is_the_committed_ddl(url: str, sql_file: str, tmp_path: Path) -> None:
+    # No server listens on port 1 and the SQLite file is never created: nothing is touched.
+    result = invoke("--url", url.format(tmp_path=tmp_path), "init", "--print-sql")
+    assert result.exit_code == 0, result.output
+    expected = split((SQL_DIR / sql_file).read_text(encoding="utf-8"))
+    assert [normalise(s) for s in split(result.stdout)] == [normalise(s) for s in expected]
+    assert not (tmp_path / "never-opened.db").exists()
+
+
+def test_init_print_sql_follows_the_table_name_and_mysql_flavour() -> None:
+    result = invoke(
+        "--url", "mysql+pymysql://root@db/test", "init", "--print-sql", "--table", "jobs"
+    )
+    assert result.exit_code == 0, result.output
+    statements = split(result.stdout)
+    assert statements[0].startswith("CREATE TABLE jobs (")
+    assert "CONSTRAINT uq_jobs_lock_key UNIQUE (lock_key)" in statements[0]
+    assert "COLLATE utf8mb4_0900_bin" in statements[0]  # MySQL 8; a comment names MariaDB's
+    assert "utf8mb4_nopad_bin" in result.stdout
+    assert statements[1] == "CREATE INDEX ix_jobs_expires_at ON jobs (expires_at)"
+
+
+def test_ls_shows_every_holder(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
+) -> None:
+    locks = make_manager()
+    live = locks.lock(key + ":live", ttl=30)  # under a minute: shown in seconds
+    stale = locks.lock(key + ":stale", ttl=0.05)
+    assert live.acquire(timeout=procs.WAIT_LIMIT)
+    assert stale.acquire(timeout=procs.WAIT_LIMIT)
+    expire(stale)
+    # The URL and table from the environment this time.
+    result = invoke("ls", env={"TIERLOCK_URL": db_url, "TIERLOCK_TABLE": table})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"2 lock(s) in {table}" in out
+    host, pid, thread = socket.gethostname(), os.getpid(), threading.current_thread().name
+    for lock, lease in ((live, r"\d+\.\d s"), (stale, "expired")):
+        cells = [*map(re.escape, (lock.key, str(lock.token), host, str(pid), thread)), r"[\d.]+ s"]
+        assert re.search("│ +" + " +│ +".join([*cells, lease]) + " +│", out), out
+    assert "1 expired" in out
+    live.release()
+    stale.release()  # an expired row nobody took over is still the holder's to delete
+
+
+def test_release_needs_force(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
+) -> None:
+    locks = make_manager()
+    lock = locks.lock(key)
+    assert lock.acquire(timeout=procs.WAIT_LIMIT)
+    target = ("--url", db_url, "--table", table)
+
+    refused = invoke(*target, "release", key)
+    assert refused.exit_code == 2
+    assert "without --force" in refused.stderr
+    assert "LockLostError" in refused.stderr  # says what forcing would do to the holder
+    assert locks.info(key) is not None
+
+    forced = invoke(*target, "release", key, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert f"released {key!r}" in forced.stdout
+    assert locks.info(key) is None
+    with pytest.raises(tierlock.LockLostError):
+        lock.release()
+
+    again = invoke(*target, "release", key, "--force")
+    assert again.exit_code == 0, again.output
+    assert f"{key!r} was not held" in again.stdout
+
+
+def test_reap_deletes_only_expired_rows(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
+) -> None:
+    locks = make_manager()
+    live = locks.lock(key + ":live", ttl=60)
+    stale = locks.lock(key + ":stale", ttl=0.05)
+    assert live.acquire(timeout=procs.WAIT_LIMIT)
+    assert stale.acquire(timeout=procs.WAIT_LIMIT)
+    expire(stale)
+
+    result = invoke("reap", "--url", db_url, "--table", table)  # options after the command
+    assert result.exit_code == 0, result.output
+    assert f"reaped 1 expired lock(s) from {table}" in result.stdout
+    assert [info.key for info in locks.holders()] == [live.key]
+    live.release()
+    with pytest.raises(tierlock.LockLostError):
+        stale.release()
+
+
+@pytest.mark.parametrize("url", CLOSED_PORT_URLS)
+@pytest.mark.parametrize("command", [["ls"], ["reap"], ["release", "k", "--force"], ["init"]])
+def test_unreachable_server_is_one_line(url: str, command: list[str]) -> None:
+    result = invoke("--url", url, *command)
+    check_one_line_error(result, url.replace(":secret@", ":***@"), "refused")
+    assert "secret" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nonsense", "not a database URL: nonsense"),
+        (
+            "mysql+pymysql://root:secret@127.0.0.1:port/test",
+            "not a database URL: mysql+pymysql://root:***@",
+        ),
+        ("oracle://scott:secret@127.0.0.1/db", "unsupported database 'oracle'"),
+    ],
+)
+@pytest.mark.parametrize("command", [["ls"], ["init"], ["init", "--print-sql"], ["demo"]])
+def test_bad_url_is_one_line(url: str, message: str, command: list[str]) -> None:
+    result = invoke("--url", url, *command)
+    check_one_line_error(result, message)
+    assert "secret" not in result.stderr
+
+
+def test_missing_table_is_one_line(db_url: str, table: str, engine: Engine) -> None:
+    if db_url.startswith("sqlite"):  # a file without the table, so that SQLite says it
+        assert invoke("--url", db_url, "--table", f"other_{table}", "init").exit_code == 0
+    target = ("--url", db_url, "--table", table)
+    for command in (["ls"], ["reap"], ["release", "k", "--force"], ["reap", "--every", "1"]):
+        check_one_line_error(
+            invoke(*target, *command), f"table {table} does not exist in", "run `tierlock init`"
+        )
+    assert not has_table(engine, table)
+
+
+def test_bad_table_name_is_one_line() -> None:
+    check_one_line_error(invoke("--table", "no such", "ls"), "table must be a plain identifier")
+
+
+# -- as a real program -------------------------------------------------------------
+
+
+def console_script() -> str:
+    return str(Path(sys.executable).with_name("tierlock"))
+
+
+@pytest.mark.multiprocess
+def test_console_script_and_module_print_the_version(tmp_path: Path) -> None:
+    script = subprocess.run(
+        [console_script(), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (script.returncode, script.stdout) == (0, f"tierlock {tierlock.__version__}\n")
+    module = procs.run_python("-m", "tierlock", "--version", cwd=tmp_path)
+    assert (module.returncode, module.stdout) == (0, f"tierlock {tierlock.__version__}\n")
+
+
+class Lines:
+    """The lines a child process prints, read by a thread so a wait can time out."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+
+    def wait_for(self, text: str) -> str:
+        deadline = time.monotonic() + procs.WAIT_LIMIT
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line with {text!r}; got {self.seen}") from None
+            self.seen.append(line)
+            if text in line:
+                return line
+
+
+@pytest.fixture
+def start_reaper() -> Iterator[Callable[[str, str], subprocess.Popen[str]]]:
+    """Start ``tierlock reap --every``; whatever the test leaves running is killed."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(url: str, table: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [console_script(), "--url", url, "--table", table, "reap", "--every", "0.05"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(procs.WAIT_LIMIT)
+
+
+def stop(reaper: subprocess.Popen[str], lines: Lines, signum: signal.Signals) -> None:
+    """Send ``signum``; the service must say so and exit 0 without a traceback."""
+    reaper.send_signal(signum)
+    assert reaper.wait(procs.WAIT_LIMIT) == 0
+    lines.wait_for("stopped")
+    assert reaper.stderr is not None
+    assert "Traceback" not in reaper.stderr.read()
+
+
+@pytest.mark.multiprocess
+def test_reaper_service_reaps_and_stops_on_sigterm(
+    make_manager: Callable[..., tierlock.LockManager],
+    start_reaper: Callable[[str, str], subprocess.Popen[str]],
+    db_url: str,
+    table: str,
+    key: str,
+) -> None:
+    locks = make_manager()  # makes the table
+    reaper = start_reaper(db_url, table)
+    assert reaper.stdout is not None
+    lines = Lines(reaper.stdout)
+    lines.wait_for("every 0.05 s")  # ready: the first pass ran and the signals are handled
+
+    stale = locks.lock(key, ttl=0.05)
+    assert stale.acquire(timeout=procs.WAIT_LIMIT)
+    lines.wait_for("reaped 1 expired lock(s)")
+    assert locks.info(key) is None
+    with pytest.raises(tierlock.LockLostError):
+        stale.release()
+    stop(reaper, lines, signal.SIGTERM)
+
+
+@pytest.mark.multiprocess
+def test_reaper_service_stops_on_ctrl_c(
+    start_reaper: Callable[[str, str], subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    assert invoke("--url", url, "init").exit_code == 0
+    reaper = start_reaper(url, "tierlock_locks")
+    assert reaper.stdout is not None
+    lines = Lines(reaper.stdout)
+    lines.wait_for("every 0.05 s")
+    stop(reaper, lines, signal.SIGINT)
+
+
+# -- what the command line needs from the library ------------------------------------
+
+
+def test_library_names_a_url_it_cannot_parse_without_its_password() -> None:
+    # A port that is not a number, or text that is no URL at all, is refused without
+    # quoting what may hold a password.
+    for url in ("mysql+pymysql://root:secret@127.0.0.1:port/test", "root:secret@db"):
+        with pytest.raises(ValueError, match="not a database URL") as caught:
+            tierlock.LockManager(url, create_table=False, reaper_interval=None)
+        assert "secret" not in str(caught.value)

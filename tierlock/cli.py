@@ -1,0 +1,424 @@
+"""The ``tierlock`` command: the demo, and the lock table's admin commands.
+
+Exit codes: 0 success; 1 the database, the table or the demo failed (one line on
+stderr saying why); 2 bad usage, including ``release`` without ``--force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
+
+from . import __version__
+from .backends.sqltable import MYSQL_FAMILY, check_table_name, lock_table
+from .demo import (
+    DEFAULT_ACCOUNTS,
+    DEFAULT_PROCESSES,
+    DEFAULT_SECONDS,
+    DEFAULT_THREADS,
+    DemoConfig,
+    report,
+    run_demo,
+)
+from .errors import BackendError, LockError
+from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
+from .records import LockInfo
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+URL_ENV = "TIERLOCK_URL"
+TABLE_ENV = "TIERLOCK_TABLE"
+SUPPORTED = ("sqlite", *MYSQL_FAMILY, "postgresql")
+
+
+class Failure(click.ClickException):
+    """An error the user can act on, shown as one line: ``tierlock: <message>``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tierlock: {self.message}", file=file, err=True)
+
+
+@dataclasses.dataclass
+class Target:
+    """The database and lock table a command works on."""
+
+    url: str = DEFAULT_URL
+    table: str = DEFAULT_TABLE
+
+    def check(self) -> None:
+        """Fail with one line if the URL or the table name cannot be used."""
+        try:
+            make_url(self.url)
+        except (ArgumentError, ValueError):
+            raise Failure(f"not a database URL: {_hide_password(self.url)}") from None
+        check_table_name(self.table)
+
+    @property
+    def parsed(self) -> URL:
+        return make_url(self.url)
+
+    @property
+    def shown(self) -> str:
+        """The URL with its password hidden, fit to print."""
+        return self.parsed.render_as_string(hide_password=True)
+
+    def manager(self) -> LockManager:
+        """A manager for admin work: it neither creates the table nor reaps by itself."""
+        parsed = self.parsed
+        # Opening a missing SQLite file would create an empty one.
+        sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+        if sqlite_file and not Path(sqlite_file).exists():
+            raise Failure(self.missing_table())
+        return LockManager(self.url, table=self.table, create_table=False, reaper_interval=None)
+
+    def missing_table(self) -> str:
+        return f"table {self.table} does not exist in {self.shown}; run `tierlock init`"
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+def _is_missing_table(error: BackendError) -> bool:
+    """Whether the database said the table does not exist."""
+    orig = getattr(error.__cause__, "orig", None)
+    return (
+        getattr(orig, "sqlstate", None) == "42P01"  # PostgreSQL: undefined_table
+        or (orig is not None and orig.args[:1] == (1146,))  # MySQL: ER_NO_SUCH_TABLE
+        or str(orig).startswith("no such table")  # SQLite
+    )
+
+
+class Group(click.Group):
+    """Turns the errors a user can cause or fix into one line on stderr, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BackendError as exc:
+            target = ctx.find_object(Target) or Target()
+            if _is_missing_table(exc):
+                raise Failure(target.missing_table()) from exc
+            raise Failure(f"{target.shown}: {exc}") from exc
+        except (LockError, ValueError, TypeError, SQLAlchemyError) as exc:
+            raise Failure(str(exc)) from exc
+
+
+def _override(name: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def store(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            setattr(ctx.ensure_object(Target), name, value)
+
+    return store
+
+
+def target_options(command: F) -> F:
+    """``--url`` and ``--table`` after the subcommand too: ``tierlock demo --url ...``."""
+    for name in ("table", "url"):
+        option = click.option(
+            f"--{name}",
+            metavar="URL" if name == "url" else "NAME",
+            callback=_override(name),
+            expose_value=False,
+            help=f"Overrides tierlock --{name}.",
+        )
+        command = option(command)
+    return command
+
+
+def pass_target(command: Callable[..., None]) -> Callable[..., None]:
+    """Call ``command(target, ...)`` once the URL and table name are known to be sound."""
+
+    @functools.wraps(command)
+    def with_target(*args: Any, **kwargs: Any) -> None:
+        target = click.get_current_context().ensure_object(Target)
+        target.check()
+        command(target, *args, **kwargs)
+
+    return with_target
+
+
+def _console() -> Console:
+    """Rich output that keeps long lines whole, so that logs and pipes read well."""
+    return Console(soft_wrap=True, highlight=False)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    __version__, "--version", prog_name="tierlock", message="%(prog)s %(version)s"
+)
+@click.option(
+    "--url",
+    metavar="URL",
+    envvar=URL_ENV,
+    default=DEFAULT_URL,
+    show_default=True,
+    show_envvar=True,
+    help="Database URL: sqlite:///FILE, mysql+pymysql://..., postgresql+psycopg://...",
+)
+@click.option(
+    "--table",
+    metavar="NAME",
+    envvar=TABLE_ENV,
+    default=DEFAULT_TABLE,
+    show_default=True,
+    show_envvar=True,
+    help="The lock table's name.",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str, table: str) -> None:
+    """tierlock: distributed locks in a SQL table.
+
+    Start with `tierlock demo`. Exit codes: 0 success; 1 the database, the table or the
+    demo failed; 2 bad usage.
+    """
+    ctx.obj = Target(url, table)
+    # The commands say what they did themselves; without a handler, the library's
+    # warnings (a force-release, a reap) would reach stderr through logging's last resort.
+    library_logger = logging.getLogger("tierlock")
+    if not library_logger.handlers:
+        library_logger.addHandler(logging.NullHandler())
+
+
+# -- demo ------------------------------------------------------------------------
+
+
+@main.command("demo")
+@target_options
+@click.option(
+    "--processes",
+    type=click.IntRange(1),
+    default=DEFAULT_PROCESSES,
+    show_default=True,
+    help="Worker processes.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=DEFAULT_THREADS,
+    show_default=True,
+    help="Threads per process.",
+)
+@click.option(
+    "--accounts",
+    type=click.IntRange(2),
+    default=DEFAULT_ACCOUNTS,
+    show_default=True,
+    help="Accounts to move money between.",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(0, min_open=True),
+    default=DEFAULT_SECONDS,
+    show_default=True,
+    help="How long each run lasts.",
+)
+@pass_target
+def demo_command(
+    target: Target, processes: int, threads: int, accounts: int, seconds: float
+) -> None:
+    """Money transfers between accounts, guarded by tierlock, then unguarded.
+
+    Worker processes move random amounts between accounts kept in table
+    TABLE_demo_accounts, taking both accounts' locks for each transfer; then they do it
+    again without locks. The summary compares the totals (conserved only with the lock),
+    the rate, the lock statistics and the lock wait. Exits 1 if the guarded run lost money.
+    """
+    console = Console(highlight=False)
+    config = DemoConfig(target.url, target.table, processes, threads, accounts, seconds)
+    guarded, unguarded = run_demo(config, console)
+    code = report(config, guarded, unguarded, console)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+# -- admin -----------------------------------------------------------------------
+
+
+@main.command()
+@target_options
+@click.option(
+    "--print-sql",
+    is_flag=True,
+    help="Print the table's DDL for the URL's database instead of creating it.",
+)
+@pass_target
+def init(target: Target, print_sql: bool) -> None:
+    """Create the lock table (and its index) if it does not exist."""
+    if print_sql:
+        click.echo(_ddl(target))
+        return
+    with LockManager(target.url, table=target.table, reaper_interval=None):
+        pass
+    _console().print(f"table {target.table} is ready in {target.shown}")
+
+
+def _ddl(target: Target) -> str:
+    """The DDL the manager would send, compiled for the URL's dialect offline."""
+    parsed = target.parsed
+    if parsed.get_backend_name() not in SUPPORTED:
+        raise Failure(f"unsupported database {parsed.get_backend_name()!r} in {target.shown}")
+    try:
+        dialect = parsed.get_dialect()()
+    except SQLAlchemyError as exc:
+        raise Failure(f"cannot use {target.shown}: {exc}") from exc
+    table = lock_table(target.table)
+    elements: list[ExecutableDDLElement] = [CreateTable(table)]
+    elements += [CreateIndex(index) for index in sorted(table.indexes, key=str)]
+    lines = [f"-- tierlock lock table {table.name} for {dialect.name}"]
+    if dialect.name == "mysql":
+        lines.append(
+            "-- On MariaDB use a mariadb+pymysql:// URL: lock_key needs utf8mb4_nopad_bin."
+        )
+    for element in elements:
+        statement = str(element.compile(dialect=dialect)).strip().expandtabs(4)
+        lines += ["", "\n".join(line.rstrip() for line in statement.splitlines()) + ";"]
+    return "\n".join(lines)
+
+
+@main.command("ls")
+@target_options
+@pass_target
+def list_holders(target: Target) -> None:
+    """List the lock table's rows: who holds what, and for how long."""
+    with target.manager() as locks:
+        holders = locks.holders()
+    console = _console()
+    if not holders:
+        console.print(f"no locks in table {target.table} at {target.shown}")
+        return
+    console.print(_holders_table(target, holders, datetime.now(timezone.utc)))
+
+
+def _holders_table(target: Target, holders: list[LockInfo], now: datetime) -> Table:
+    expired = sum(info.expired for info in holders)
+    table = Table(
+        title=f"{len(holders)} lock(s) in {target.table} at {target.shown}",
+        caption=(
+            f"{expired} expired: free to take; `tierlock reap` deletes them" if expired else None
+        ),
+    )
+    table.add_column("key", overflow="fold")
+    table.add_column("token", justify="right")
+    table.add_column("host")
+    table.add_column("pid", justify="right")
+    table.add_column("thread")
+    table.add_column("age", justify="right")
+    table.add_column("lease left", justify="right")
+    for info in holders:
+        age = _duration((now - info.acquired_at).total_seconds())
+        left = "expired" if info.expired else _duration((info.expires_at - now).total_seconds())
+        table.add_row(
+            info.key,
+            str(info.token),
+            info.host,
+            str(info.pid),
+            info.thread_name,
+            age,
+            left,
+            style="red" if info.expired else None,
+        )
+    return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+@main.command()
+@target_options
+@click.argument("key")
+@click.option("--force", is_flag=True, help="Really delete the row, whoever holds it.")
+@pass_target
+def release(target: Target, key: str, force: bool) -> None:
+    """Delete KEY's lock row, whoever holds it."""
+    if not force:
+        raise click.UsageError(
+            f"not releasing {key!r} without --force: this deletes the row whoever holds it, "
+            "and a holder still at work would not know until its own release or extend "
+            "raises LockLostError; a dead holder's lock frees itself when its lease ends"
+        )
+    with target.manager() as locks:
+        released = locks.force_release(key)
+    message = f"released {key!r}" if released else f"{key!r} was not held; nothing to release"
+    _console().print(message)
+
+
+@main.command()
+@target_options
+@click.option(
+    "--every",
+    type=click.FloatRange(0, min_open=True),
+    metavar="SECONDS",
+    help="Keep running, reaping every SECONDS, until SIGTERM or SIGINT.",
+)
+@pass_target
+def reap(target: Target, every: float | None) -> None:
+    """Delete the rows whose lease has ended, once or as a service."""
+    console = _console()
+    with target.manager() as locks:
+        count = locks.reap()
+        console.print(f"reaped {count} expired lock(s) from {target.table}")
+        if every is None:
+            return
+        with _stop_on_signals() as stop:
+            # Printed once the handlers are in place: a signal from now on stops cleanly.
+            console.print(
+                f"reaping {target.table} at {target.shown} every {every:g} s; "
+                "stop with SIGTERM or Ctrl-C"
+            )
+            while not stop.wait(every):
+                try:
+                    count = locks.reap()
+                except BackendError as exc:
+                    # A service outlives a database that is briefly away.
+                    Failure(f"reap failed: {exc}").show()
+                    continue
+                if count:
+                    console.print(f"reaped {count} expired lock(s)")
+        console.print("stopped")
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event that SIGTERM and SIGINT set; the previous handlers come back after."""
+    stop = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

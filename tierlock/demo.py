@@ -1,0 +1,437 @@
+"""``tierlock demo``: money moving between accounts, first guarded by tierlock, then not.
+
+Worker processes run threads that move random amounts between random accounts kept in
+a table of the database under test. A transfer reads both balances, pauses and writes
+both back in separate autocommit statements, with no transaction around them: two
+transfers that overlap on an account overwrite each other's writes unless something
+keeps them apart. The guarded run takes both accounts' locks, in sorted order so that no
+two transfers can wait for each other in a circle; the unguarded run takes none. Both
+totals are summed from the table itself, before and after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import queue
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.context import ForkProcess
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import Column, Integer, MetaData, create_engine, event, func, insert, select, update
+from sqlalchemy import Table as SQLTable
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from .manager import LockManager
+from .stats import LockStats
+
+__all__ = ["DemoConfig", "DemoRun", "accounts_table_name", "report", "run_demo"]
+
+CTX = multiprocessing.get_context("fork")
+
+# Two processes of four threads keep both cores of a small machine busy and give tier 1
+# several local threads to queue; twenty accounts make transfers collide often.
+DEFAULT_PROCESSES = 2
+DEFAULT_THREADS = 4
+DEFAULT_ACCOUNTS = 20
+DEFAULT_SECONDS = 4.0
+OPENING_BALANCE = 1000
+MAX_AMOUNT = 100
+# Between reading the balances and writing them back: wide enough that overlapping
+# transfers lose updates every second, short enough to keep the rate up.
+TRANSFER_PAUSE = 0.001
+# Bounds that only a broken lock or a hung worker reaches; they end the demo with a
+# message instead of a hang.
+LOCK_WAIT_LIMIT = 30.0
+START_LIMIT = 60.0
+# SQLite's busy timeout: several processes write the file, and without a lock at all
+# writers queue for it often.
+SQLITE_BUSY_SECONDS = 30
+KEY_PREFIX = "tierlock-demo:account"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    url: str
+    table: str  # the lock table
+    processes: int = DEFAULT_PROCESSES
+    threads: int = DEFAULT_THREADS
+    accounts: int = DEFAULT_ACCOUNTS
+    seconds: float = DEFAULT_SECONDS
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerReport:
+    """What one worker process sends back."""
+
+    transfers: int = 0
+    elapsed: float = 0.0
+    waits: list[float] = dataclasses.field(default_factory=list)  # seconds per transfer
+    stats: LockStats | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    """One run, guarded or not, with every worker's numbers summed."""
+
+    guarded: bool
+    transfers: int
+    elapsed: float
+    total_before: int
+    total_after: int
+    stats: LockStats | None  # None for the unguarded run
+    waits: list[float]
+    errors: list[str]
+
+    @property
+    def conserved(self) -> bool:
+        return self.total_before == self.total_after
+
+    @property
+    def rate(self) -> float:
+        return self.transfers / self.elapsed if self.elapsed else 0.0
+
+
+def accounts_table_name(lock_table: str) -> str:
+    """The accounts live next to the lock table, so demos on other tables never meet."""
+    return f"{lock_table}_demo_accounts"
+
+
+def _accounts(lock_table: str) -> SQLTable:
+    return SQLTable(
+        accounts_table_name(lock_table),
+        MetaData(),
+        Column("id", Integer, primary_key=True, autoincrement=False),
+        Column("balance", Integer, nullable=False),
+    )
+
+
+def _engine(url: str, pool_size: int) -> Engine:
+    """An autocommit engine for the accounts: each statement commits on its own."""
+    if make_url(url).get_backend_name() != "sqlite":
+        return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=pool_size)
+    engine = create_engine(
+        url,
+        isolation_level="AUTOCOMMIT",
+        pool_size=pool_size,
+        connect_args={"timeout": SQLITE_BUSY_SECONDS},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _wal(dbapi_connection: Any, record: object) -> None:
+        # WAL lets readers run beside the one writer of the file.
+        dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+    return engine
+
+
+def _total(engine: Engine, accounts: SQLTable) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(select(func.sum(accounts.c.balance))).scalar_one())
+
+
+def _move(
+    connection: Connection, accounts: SQLTable, source: int, target: int, amount: int
+) -> None:
+    """Read both balances, pause, write both back: safe only if nothing else touches
+    the two accounts meanwhile."""
+    rows = connection.execute(
+        select(accounts.c.id, accounts.c.balance).where(accounts.c.id.in_((source, target)))
+    )
+    balances: dict[int, int] = {row.id: row.balance for row in rows}
+    time.sleep(TRANSFER_PAUSE)
+
+    def write(account: int, balance: int) -> None:
+        connection.execute(update(accounts).where(accounts.c.id == account).values(balance=balance))
+
+    write(source, balances[source] - amount)
+    write(target, balances[target] + amount)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _work(
+    config: DemoConfig,
+    guarded: bool,
+    start: Barrier,
+    done: Synchronized[int],
+    reports: Queue[WorkerReport],
+) -> None:
+    """A worker process: ``config.threads`` threads transferring until the time is up."""
+    try:
+        reports.put(_transfer_until_done(config, guarded, start, done))
+    except BaseException as exc:
+        start.abort()  # the parent and the other workers stop waiting for this one
+        reports.put(WorkerReport(error=_one_line(exc)))
+
+
+def _transfer_until_done(
+    config: DemoConfig, guarded: bool, start: Barrier, done: Synchronized[int]
+) -> WorkerReport:
+    engine = _engine(config.url, config.threads)
+    accounts = _accounts(config.table)
+    locks = (
+        LockManager(config.url, table=config.table, create_table=False, reaper_interval=None)
+        if guarded
+        else None
+    )
+    waits: list[float] = []
+    errors: list[str] = []
+    counts = [0] * config.threads
+
+    def transfer(source: int, target: int, amount: int) -> None:
+        if locks is None:
+            with engine.connect() as connection:
+                _move(connection, accounts, source, target, amount)
+            return
+        first, second = (
+            locks.lock((KEY_PREFIX, account), timeout=LOCK_WAIT_LIMIT)
+            for account in sorted((source, target))
+        )
+        began = time.perf_counter()
+        with first, second:
+            waits.append(time.perf_counter() - began)
+            with engine.connect() as connection:
+                _move(connection, accounts, source, target, amount)
+
+    def loop(index: int, deadline: float) -> None:
+        choose = random.Random()  # not the module's: forked workers share its state
+        try:
+            while time.monotonic() < deadline:
+                source, target = choose.sample(range(config.accounts), 2)
+                transfer(source, target, choose.randint(1, MAX_AMOUNT))
+                counts[index] += 1
+                with done.get_lock():
+                    done.value += 1
+        except Exception as exc:
+            errors.append(_one_line(exc))
+
+    try:
+        start.wait(START_LIMIT)
+        began = time.monotonic()
+        deadline = began + config.seconds
+        threads = [
+            threading.Thread(target=loop, args=(index, deadline), name=f"transfers-{index}")
+            for index in range(config.threads)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - began
+        stats = None if locks is None else locks.stats()
+    finally:
+        if locks is not None:
+            locks.close()
+        engine.dispose()
+    return WorkerReport(
+        transfers=sum(counts),
+        elapsed=elapsed,
+        waits=waits,
+        stats=stats,
+        error=errors[0] if errors else None,
+    )
+
+
+def _sum_stats(stats: list[LockStats]) -> LockStats:
+    return LockStats(
+        **{
+            field.name: sum(getattr(one, field.name) for one in stats)
+            for field in dataclasses.fields(LockStats)
+        }
+    )
+
+
+def _run(config: DemoConfig, guarded: bool, engine: Engine, console: Console) -> DemoRun:
+    """Seed the accounts, run the workers, and sum up what they did."""
+    accounts = _accounts(config.table)
+    accounts.drop(engine, checkfirst=True)
+    accounts.create(engine)
+    with engine.connect() as connection:
+        connection.execute(
+            insert(accounts),
+            [{"id": i, "balance": OPENING_BALANCE} for i in range(config.accounts)],
+        )
+    before = _total(engine, accounts)
+    engine.dispose()  # the workers are forked: leave them no connection to share
+
+    start = CTX.Barrier(config.processes + 1)
+    done: Synchronized[int] = CTX.Value("q", 0)
+    reports: Queue[WorkerReport] = CTX.Queue()
+    workers: list[ForkProcess] = [
+        CTX.Process(target=_work, args=(config, guarded, start, done, reports), daemon=True)
+        for _ in range(config.processes)
+    ]
+    for worker in workers:
+        worker.start()
+    label = "with tierlock" if guarded else "without a lock"
+    received = _collect(workers, start, done, reports, config.seconds, _progress(console, label))
+    for worker in workers:
+        worker.join(START_LIMIT)
+    errors = [report.error for report in received if report.error is not None]
+    if len(received) < len(workers):
+        errors.append(f"{len(workers) - len(received)} worker(s) ended without a report")
+    return DemoRun(
+        guarded=guarded,
+        transfers=sum(report.transfers for report in received),
+        elapsed=max((report.elapsed for report in received), default=0.0),
+        total_before=before,
+        total_after=_total(engine, accounts),
+        stats=_sum_stats([r.stats for r in received if r.stats is not None]) if guarded else None,
+        waits=[wait for report in received for wait in report.waits],
+        errors=errors,
+    )
+
+
+def _collect(
+    workers: list[ForkProcess],
+    start: Barrier,
+    done: Synchronized[int],
+    reports: Queue[WorkerReport],
+    seconds: float,
+    progress: Progress,
+) -> list[WorkerReport]:
+    """Show progress until every worker has reported or died.
+
+    The progress bar's thread starts only now, after the fork: a child forked while it
+    runs could inherit a lock it holds.
+    """
+    received: list[WorkerReport] = []
+    with progress:
+        task = progress.add_task("", total=seconds, transfers=0)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            start.wait(START_LIMIT)  # broken if a worker failed to start; its report says why
+        began = time.monotonic()
+        while len(received) < len(workers):
+            try:
+                received.append(reports.get(timeout=0.1))
+            except queue.Empty:
+                if not any(worker.is_alive() for worker in workers) and reports.empty():
+                    break
+            elapsed = min(time.monotonic() - began, seconds)
+            progress.update(task, completed=elapsed, transfers=done.value)
+        progress.update(task, completed=seconds, transfers=done.value)
+    return received
+
+
+def _progress(console: Console, label: str) -> Progress:
+    return Progress(
+        TextColumn(f"{label:<15}"),
+        BarColumn(),
+        TextColumn("{task.fields[transfers]:>7,} transfers"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def run_demo(config: DemoConfig, console: Console) -> tuple[DemoRun, DemoRun]:
+    """The guarded run, then the unguarded one, with a progress bar for each."""
+    # Made here, before any worker exists, so the workers need not race to make it.
+    LockManager(config.url, table=config.table, reaper_interval=None).close()
+    console.print(
+        f"tierlock demo on {make_url(config.url).render_as_string(hide_password=True)}: "
+        f"{_count(config.processes, 'process', 'processes')} x "
+        f"{_count(config.threads, 'thread', 'threads')} move money between "
+        f"{config.accounts} accounts, {config.seconds:g} s with tierlock, then "
+        f"{config.seconds:g} s without a lock",
+        highlight=False,
+    )
+    engine = _engine(config.url, 1)
+    try:
+        return _run(config, True, engine, console), _run(config, False, engine, console)
+    finally:
+        _accounts(config.table).drop(engine, checkfirst=True)
+        engine.dispose()
+
+
+def _count(number: int, one: str, many: str) -> str:
+    return f"{number} {one if number == 1 else many}"
+
+
+def _milliseconds(waits: list[float], quantile: Callable[[list[float]], float]) -> str:
+    return f"{quantile(waits) * 1000:,.1f} ms" if len(waits) >= 2 else "-"
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+def _summary(config: DemoConfig, guarded: DemoRun, unguarded: DemoRun) -> Table:
+    table = Table(
+        title=(
+            f"{_count(config.processes, 'process', 'processes')} x "
+            f"{_count(config.threads, 'thread', 'threads')}, "
+            f"{config.accounts} accounts, {config.seconds:g} s per run"
+        )
+    )
+    table.add_column("")
+    table.add_column("with tierlock", justify="right")
+    table.add_column("without a lock", justify="right")
+
+    def money(run: DemoRun) -> str:
+        drift = run.total_after - run.total_before
+        return "[green]conserved[/]" if run.conserved else f"[red]{drift:+,} (broken)[/]"
+
+    table.add_row("transfers", f"{guarded.transfers:,}", f"{unguarded.transfers:,}")
+    table.add_row("transfers per second", f"{guarded.rate:,.0f}", f"{unguarded.rate:,.0f}")
+    table.add_row("total before", f"{guarded.total_before:,}", f"{unguarded.total_before:,}")
+    table.add_row("total after", f"{guarded.total_after:,}", f"{unguarded.total_after:,}")
+    table.add_row("money", money(guarded), money(unguarded), end_section=True)
+    stats = guarded.stats or LockStats()
+    for label, value in (
+        ("lock acquisitions", stats.acquisitions),
+        ("database inserts", stats.inserts),
+        ("queued in tier 1 (local_waits)", stats.local_waits),
+        ("takeovers of expired holds", stats.takeovers),
+        ("lost holds", stats.lost_holds),
+    ):
+        table.add_row(label, f"{value:,}", "-")
+    table.add_row("lock wait p50", _milliseconds(guarded.waits, statistics.median), "-")
+    table.add_row("lock wait p99", _milliseconds(guarded.waits, _p99), "-")
+    return table
+
+
+def report(config: DemoConfig, guarded: DemoRun, unguarded: DemoRun, console: Console) -> int:
+    """Print the summary; return the exit code: 0 only if the guarded run conserved money."""
+    console.print(_summary(config, guarded, unguarded))
+    errors = [*guarded.errors, *unguarded.errors]
+    for error in errors:
+        console.print(f"[red]a worker failed:[/] {error}", highlight=False)
+    if not guarded.conserved:
+        console.print(
+            f"[red bold]tierlock failed:[/] the total went from {guarded.total_before:,} to "
+            f"{guarded.total_after:,} while every transfer held both accounts' locks, so two "
+            "transfers of one account overlapped. That is a bug in tierlock."
+        )
+        return 1
+    if errors:
+        return 1
+    console.print(
+        f"With tierlock, {guarded.transfers:,} transfers kept the total at "
+        f"{guarded.total_after:,}. {_unguarded_verdict(unguarded)}"
+    )
+    return 0
+
+
+def _unguarded_verdict(run: DemoRun) -> str:
+    lost = run.total_before - run.total_after
+    if not lost:
+        return "Without a lock the total happened to hold this time; run longer to see it break."
+    return (
+        "Without a lock, transfers that overlapped on an account overwrote each other's "
+        f"balances: {abs(lost):,} {'vanished' if lost > 0 else 'appeared from nowhere'}."
+    )
