@@ -46,12 +46,13 @@ class Listener:
 
     def doorbell(self, key: str) -> Doorbell:
         with self._mutex:
+            # Registered before the listener starts, so that its first ring reaches it.
+            bell = self._bells[key] = threading.Event()
             if self._thread is None and not self._stopped.is_set():
                 self._thread = threading.Thread(
                     target=self._listen, name="tierlock-listener", daemon=True
                 )
                 self._thread.start()
-            bell = self._bells[key] = threading.Event()
         return _Bell(self, key, bell)
 
     def close(self) -> None:
