@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 import tierlock
 
@@ -63,3 +66,63 @@ def test_release_rings_the_doorbell_of_another_process(make_manager: MakeManager
         assert doorbell.wait(10)
     finally:
         doorbell.close()
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_an_insert_stalled_in_the_server_cannot_win_with_a_lower_token(
+    make_manager: MakeManager, engine: Engine, table: str, key: str
+) -> None:
+    """The token is drawn before the unique key is checked. A trigger stalls one
+    insert right there; another manager's acquire and release must not slip in
+    between, or the stalled insert would then win the key with the lower token."""
+    stalled_manager, other = make_manager(), make_manager()
+    function = f"{table}_stall"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                f"CREATE FUNCTION {function}() RETURNS trigger AS $$ BEGIN "
+                "IF NEW.thread_name = 'stalled' THEN PERFORM pg_sleep(1.5); END IF; "
+                f"RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+        )
+        connection.execute(
+            text(
+                f"CREATE TRIGGER {function} BEFORE INSERT ON {table} "
+                f"FOR EACH ROW EXECUTE FUNCTION {function}()"
+            )
+        )
+    holds: list[tuple[float, int]] = []
+
+    def hold(manager: tierlock.LockManager) -> None:
+        lock = manager.lock(key)
+        assert lock.acquire(timeout=20)
+        assert lock.token is not None
+        holds.append((time.monotonic(), lock.token))
+        lock.release()
+
+    try:
+        stalled = threading.Thread(target=hold, args=(stalled_manager,), name="stalled")
+        stalled.start()
+        _wait_for_sleeping_insert(engine, table)
+        hold(other)
+        stalled.join(20)
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text(f"DROP TRIGGER IF EXISTS {function} ON {table}"))
+            connection.execute(text(f"DROP FUNCTION IF EXISTS {function}()"))
+    assert len(holds) == 2
+    assert [token for _, token in sorted(holds)] == sorted(token for _, token in holds)
+
+
+def _wait_for_sleeping_insert(engine: Engine, table: str) -> None:
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE :pattern"
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            if connection.execute(query, {"pattern": f"%INSERT INTO {table}%"}).scalar():
+                return
+        time.sleep(0.01)
+    pytest.fail("the stalled insert never reached the server")

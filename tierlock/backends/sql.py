@@ -294,6 +294,8 @@ class SQLBackend(LockBackend):
         self.queries = Queries(self.sql, self._dialect)
         if create_table:
             self._create_table()
+        if self.dialect_name in MYSQL_FAMILY:
+            self._check_autoinc_lock_mode()
 
     def _create_table(self) -> None:
         try:
@@ -303,6 +305,21 @@ class SQLBackend(LockBackend):
             if not self._has_table():
                 raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
         self._add_handoffs_column()
+
+    def _check_autoinc_lock_mode(self) -> None:
+        """Fencing tokens rise in the order holds are won only while InnoDB holds its
+        AUTO-INC lock through an INSERT ... SELECT (see ``Statements``)."""
+        try:
+            with self._engine.connect() as connection:
+                mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
+        except DBAPIError as exc:
+            raise BackendError(f"cannot reach the database: {exc.orig}") from exc
+        if mode == 2:
+            logger.warning(
+                "innodb_autoinc_lock_mode is 2 (interleaved): fencing tokens of lock table "
+                "%r may come out of order when two inserts of one key race; set it to 1",
+                self.table.name,
+            )
 
     def _has_table(self) -> bool:
         try:

@@ -217,11 +217,25 @@ class Statements:
             "acquired_at": utc_now(),
             "expires_at": utc_after(bindparam("ttl", type_=Float)),
         }
+        # The token is drawn from the sequence before the server checks the unique key,
+        # so a second insert of the key must not be able to draw, win, and release in
+        # between, or the first would then win with the lower token. PostgreSQL: a
+        # transaction-level advisory lock on the key, taken before the draw, keeps
+        # inserts of one key apart. MariaDB/MySQL: INSERT ... SELECT holds InnoDB's
+        # table-level AUTO-INC lock to the end of the statement (innodb_autoinc_lock_mode
+        # 0 or 1, the default). SQLite runs one writer at a time.
+        names = list(values)
+        row = select(*(value.label(name) for name, value in values.items()))
         self.insert_if_absent: Executable
         if dialect_name == "postgresql":
+            serialised = select(
+                func.pg_advisory_xact_lock(
+                    func.hashtext(literal(table.name)), func.hashtext(bindparam("key"))
+                ).label("locked")
+            ).cte("serialised")
             self.insert_if_absent = (
                 postgresql.insert(table)
-                .values(values)
+                .from_select(names, row.select_from(serialised))
                 .on_conflict_do_nothing(index_elements=[c.lock_key])
                 .returning(c.token)
             )
@@ -234,7 +248,7 @@ class Statements:
         else:
             # Safe here, though IGNORE also demotes other errors to warnings: every
             # value is checked or cut to its column's size before it is sent.
-            self.insert_if_absent = insert(table).values(values).prefix_with("IGNORE")
+            self.insert_if_absent = insert(table).from_select(names, row).prefix_with("IGNORE")
 
         # delete_expired_key(key): 1 row if an expired hold of the key was removed so a
         # waiter can take over; 0 rows if the key is free or held under a live lease.
