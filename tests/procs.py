@@ -10,21 +10,27 @@ script or ``-m`` module of this checkout as a separate program, as a user would.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import itertools
 import multiprocessing
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkProcess
 from multiprocessing.queues import SimpleQueue
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
 
@@ -200,15 +206,25 @@ class Children:
         deadline = time.monotonic() + timeout
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
-        failures = []
-        while not self._failures.empty():
-            failures.append(self._failures.get())
+        failures = self.failures()
         for process in self.processes:
             if process.is_alive():
                 failures.append(f"child {process.pid} still runs after {timeout} s")
             elif process.exitcode != 0:
                 failures.append(f"child {process.pid} exited with {process.exitcode}")
         assert not failures, "\n".join(failures)
+
+    def failures(self) -> list[str]:
+        """The tracebacks of children that failed since the last call."""
+        failures = []
+        while not self._failures.empty():
+            failures.append(self._failures.get())
+        return failures
+
+    def forget(self, process: ForkProcess) -> None:
+        """Drop an ended child and free what it holds: a long run starts thousands."""
+        self.processes.remove(process)
+        process.close()
 
     def kill_all(self) -> None:
         """Kill the children still running and wait for them; teardown's last word."""
@@ -232,3 +248,473 @@ def run_python(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Comple
         timeout=timeout,
         check=False,
     )
+
+
+# -- a load whose workers get killed -------------------------------------------------
+
+# Where a doomed worker kills itself with SIGKILL: right after its INSERT committed
+# (before acquire() returns), inside the critical section, and on either side of the
+# DELETE of its release. The supervisor also kills workers at random moments.
+DOOMS = ("after insert", "in section", "before delete", "after delete")
+AT_RANDOM = "at random"
+# How far apart the supervisor's random kills are, in seconds. It kills only workers
+# without a doom, so that every doom is reached in a short run too.
+RANDOM_KILL_GAP = (0.3, 1.2)
+# How many sections a doomed worker thread completes before it dies.
+DOOM_AFTER = (1, 10)
+# Room for a loaded machine in the bounds the load checks.
+SLACK = 3.0
+
+
+class Ledger:
+    """Shared-memory books of a killing load, written so that a SIGKILL anywhere
+    leaves them consistent.
+
+    No cross-process mutex is taken (a killed holder would keep it for good): every
+    field has one writer. Per worker thread (a *slot*): the key it works on,
+    the key whose section it is inside, its counts. Per key: a counter that a section
+    reads, sleeps on and writes back, and the highest fencing token seen in a section;
+    a section that finds another slot inside its key or the counter changed under it
+    counts an overlap, and one whose token is not above the last a stale token. The
+    supervisor alone writes ``killed_at``; a slot's first acquire of that key after the
+    kill is ``first_after``.
+    """
+
+    def __init__(self, keys: int, processes: int, threads: int) -> None:
+        self.keys = keys
+        self.threads = threads
+        self.slots = slots = processes * threads
+        self.stopping = CTX.RawValue(ctypes.c_int, 0)
+        self.working_on = CTX.RawArray(ctypes.c_longlong, [-1] * slots)
+        self.inside = CTX.RawArray(ctypes.c_longlong, [-1] * slots)
+        self.sections = CTX.RawArray(ctypes.c_longlong, slots)
+        self.overlaps = CTX.RawArray(ctypes.c_longlong, slots)
+        self.stale_tokens = CTX.RawArray(ctypes.c_longlong, slots)
+        self.lost = CTX.RawArray(ctypes.c_longlong, slots)
+        self.errors = CTX.RawArray(ctypes.c_longlong, slots)
+        self.slowest_error = CTX.RawArray(ctypes.c_double, slots)
+        # Set for every slot of a process once it is sent SIGKILL: a process that takes
+        # a while to die (a thread in a slow fsync) can never run its section on.
+        self.dying = CTX.RawArray(ctypes.c_int, slots)
+        self.dying_at = CTX.RawArray(ctypes.c_double, slots)
+        self.doomed_at = CTX.RawArray(ctypes.c_int, [-1] * slots)  # index into DOOMS
+        self.counters = CTX.RawArray(ctypes.c_longlong, keys)
+        self.highest_token = CTX.RawArray(ctypes.c_longlong, keys)
+        self.killed_at = CTX.RawArray(ctypes.c_double, keys)
+        self.seen_kill = CTX.RawArray(ctypes.c_double, slots * keys)
+        self.first_after = CTX.RawArray(ctypes.c_double, slots * keys)
+
+    def acquired(self, slot: int, key: int) -> None:
+        killed_at = self.killed_at[key]
+        cell = slot * self.keys + key
+        if killed_at and self.seen_kill[cell] != killed_at:
+            self.first_after[cell] = time.monotonic()  # written before seen_kill
+            self.seen_kill[cell] = killed_at
+
+    def process_slots(self, slot: int) -> range:
+        first = slot - slot % self.threads
+        return range(first, first + self.threads)
+
+    def _others_inside(self, slot: int, key: int) -> bool:
+        return any(
+            self.inside[other] == key and not self.dying[other]
+            for other in range(self.slots)
+            if other != slot
+        )
+
+    def section(self, slot: int, key: int, token: int, *, die: bool) -> None:
+        """One critical section of ``slot`` on ``key``, which it holds with ``token``."""
+        self.inside[slot] = key
+        if self._others_inside(slot, key):
+            self.overlaps[slot] += 1
+        if token <= self.highest_token[key]:
+            self.stale_tokens[slot] += 1
+        self.highest_token[key] = token
+        value = self.counters[key]
+        time.sleep(PAUSE)  # widens the race window; it synchronises nothing
+        if die:
+            _die(self, slot, "in section")
+        if self._others_inside(slot, key) or self.counters[key] != value:
+            self.overlaps[slot] += 1
+        self.counters[key] = value + 1
+        self.inside[slot] = -1
+        self.sections[slot] += 1
+
+
+def _die(ledger: Ledger, slot: int, doom: str) -> None:
+    ledger.dying_at[slot] = time.monotonic()
+    ledger.doomed_at[slot] = DOOMS.index(doom)
+    for own in ledger.process_slots(slot):
+        ledger.dying[own] = 1
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_plan = threading.local()  # what a doomed thread dies at: .doom, .key, .slot, .ledger
+
+
+def _die_at_statement(when: str, statement: str, parameters: object, rowcount: int) -> None:
+    """Kill this process if its doomed thread just reached its statement: after an
+    INSERT that took the key, before a DELETE, or after a DELETE that freed it."""
+    doom = getattr(_plan, "doom", None)
+    if doom is None:
+        return
+    values = parameters.values() if isinstance(parameters, dict) else parameters
+    if not isinstance(values, Iterable) or _plan.key not in values:
+        return
+    # PostgreSQL's release is a DELETE inside a WITH that also sends a NOTIFY.
+    verb = next((verb for verb in ("INSERT", "DELETE") if verb in statement.upper()), None)
+    point = (doom, when, verb)
+    if point == ("before delete", "before", "DELETE") or (
+        point in {("after insert", "after", "INSERT"), ("after delete", "after", "DELETE")}
+        and rowcount == 1
+    ):
+        _die(_plan.ledger, _plan.slot, doom)
+
+
+class _WatchedCursor:
+    """A driver cursor that calls ``_die_at_statement`` around each statement."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def execute(self, statement: str, *parameters: Any) -> Any:
+        _die_at_statement("before", statement, parameters[0] if parameters else None, -1)
+        result = self._cursor.execute(statement, *parameters)
+        rowcount: int = self._cursor.rowcount
+        _die_at_statement("after", statement, parameters[0] if parameters else None, rowcount)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+def _install_doom_hooks() -> None:
+    """Watch every statement this (child) process sends through a connection pool,
+    whichever way it is sent; see ``_die_at_statement``."""
+    cursor = _ConnectionFairy.cursor
+
+    def watched_cursor(self: _ConnectionFairy, *args: Any, **kwargs: Any) -> Any:
+        return _WatchedCursor(cursor(self, *args, **kwargs))
+
+    setattr(_ConnectionFairy, "cursor", watched_cursor)  # noqa: B010 (mypy: method)
+
+
+def churn(
+    *,
+    url: str,
+    table: str,
+    keys: Sequence[str],
+    ledger: Ledger,
+    first_slot: int,
+    ttl: float,
+    doom: str | None = None,
+    database_timeout: float = 20.0,
+) -> None:
+    """``ledger.threads`` threads that take random keys and do sections until
+    ``ledger.stopping``.
+
+    With ``doom``, the first thread kills this process at that point of a hold after a
+    few sections. A hold lost to an expired lease counts in ``ledger.lost``; a
+    ``BackendError`` counts in ``ledger.errors``, with the longest a call took to raise
+    it in ``ledger.slowest_error``, and the thread goes on.
+    """
+    _install_doom_hooks()
+    manager = tierlock.LockManager(
+        url,
+        table=table,
+        reaper_interval=None,
+        poll_interval=0.01,
+        database_timeout=database_timeout,
+    )
+    failures: list[str] = []
+
+    def hold_once(slot: int, key: int, dies: bool) -> None:
+        ledger.working_on[slot] = key
+        lock = manager.lock(keys[key], ttl=ttl)
+        _plan.key, _plan.slot, _plan.ledger = keys[key], slot, ledger
+        _plan.doom = doom if dies and doom == "after insert" else None
+        if not lock.acquire(timeout=WAIT_LIMIT):
+            raise AssertionError(f"{keys[key]!r} not acquired in {WAIT_LIMIT:g} s")
+        ledger.acquired(slot, key)
+        assert lock.token is not None
+        ledger.section(slot, key, lock.token, die=dies and doom == "in section")
+        _plan.doom = doom if dies and doom in ("before delete", "after delete") else None
+        try:
+            lock.release()
+        except tierlock.LockLostError:
+            ledger.lost[slot] += 1
+
+    def work(slot: int) -> None:
+        choose = random.Random()
+        doomed_after = choose.randint(*DOOM_AFTER) if doom and slot == first_slot else -1
+        try:
+            while not ledger.stopping.value:
+                began = time.monotonic()
+                try:
+                    hold_once(
+                        slot,
+                        choose.randrange(len(keys)),
+                        doomed_after >= 0 and ledger.sections[slot] >= doomed_after,
+                    )
+                except tierlock.BackendError:
+                    ledger.errors[slot] += 1
+                    took = time.monotonic() - began
+                    ledger.slowest_error[slot] = max(ledger.slowest_error[slot], took)
+                _plan.doom = None
+                ledger.working_on[slot] = -1
+        except BaseException:
+            failures.append(traceback.format_exc())
+
+    workers = [
+        threading.Thread(target=work, args=(slot,))
+        for slot in range(first_slot, first_slot + ledger.threads)
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        manager.close()
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+@dataclasses.dataclass
+class KillReport:
+    """What a killing load did; ``violations`` must be 0."""
+
+    seconds: float
+    sections: int = 0
+    kills: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys((*DOOMS, AT_RANDOM), 0)
+    )
+    overlaps: int = 0  # sections of a key that overlapped (seen from either side)
+    stale_tokens: int = 0  # holds whose token was not above the key's last one
+    lost_holds: int = 0
+    backend_errors: int = 0
+    # From a kill to the next successful acquire of a key the victim worked on (or,
+    # for kills near the end, to when the reaper had emptied the table).
+    longest_blocked: float = 0.0
+    # From the end of the load until the table was empty.
+    emptied_after: float = 0.0
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return self.overlaps + self.stale_tokens
+
+    def summary(self) -> str:
+        kills = ", ".join(f"{count} {doom}" for doom, count in self.kills.items())
+        return "\n".join(
+            [
+                f"ran for {self.seconds:.1f} s",
+                f"critical sections: {self.sections}",
+                f"kills: {sum(self.kills.values())} ({kills})",
+                f"violations: {self.violations} ({self.overlaps} overlapping sections, "
+                f"{self.stale_tokens} tokens not above the last)",
+                f"holds lost to an expired lease: {self.lost_holds}",
+                f"backend errors: {self.backend_errors}",
+                f"longest a key stayed blocked after its holder died: {self.longest_blocked:.2f} s",
+                f"table empty {self.emptied_after:.2f} s after the load stopped",
+                f"worker failures: {len(self.failures)}",
+                *self.failures,
+            ]
+        )
+
+
+class KillingLoad:
+    """``processes`` forked workers of ``threads`` threads each on ``keys`` keys, killed
+    with SIGKILL at every point of a hold and restarted; see :meth:`run`."""
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        *,
+        keys: int = 3,
+        processes: int = 4,
+        threads: int = 2,
+        ttl: float = 1.0,
+        reaper_interval: float = 0.5,
+    ) -> None:
+        self.url = url
+        self.table = table
+        self.keys = [f"kill:{uuid.uuid4().hex}:{n}" for n in range(keys)]
+        self.processes = processes
+        self.threads = threads
+        self.ttl = ttl
+        self.reaper_interval = reaper_interval
+        self.ledger = Ledger(keys, processes, threads)
+        self.children = Children()
+        self._choose = random.Random()
+        self._dooms = itertools.cycle((*DOOMS, None, None))
+        self._live: dict[int, ForkProcess] = {}
+        self._dooms_of: dict[int, str | None] = {}
+
+    def run(self, seconds: float) -> KillReport:
+        """Run the load for ``seconds`` and on until every doom has struck (a loaded
+        machine may need longer), stop it, wait for the table to empty (the reaper runs
+        every ``reaper_interval``) and take every key once more."""
+        report = KillReport(seconds)
+        began = time.monotonic()
+        with tierlock.LockManager(
+            self.url, table=self.table, reaper_interval=self.reaper_interval
+        ) as manager:
+            try:
+                for index in range(self.processes):
+                    self._start(index)
+                self._supervise(report, began + seconds)
+                self.ledger.stopping.value = 1
+                self._wait_for_workers(report)
+                stopped = time.monotonic()
+                self._wait_until_empty(manager, report, stopped)
+                self._take_every_key(manager, report)
+            finally:
+                self.children.kill_all()
+        ledger = self.ledger
+        report.seconds = time.monotonic() - began
+        report.sections = sum(ledger.sections)
+        report.overlaps = sum(ledger.overlaps)
+        report.stale_tokens = sum(ledger.stale_tokens)
+        report.lost_holds = sum(ledger.lost)
+        report.backend_errors = sum(ledger.errors)
+        report.failures += self.children.failures()
+        return report
+
+    def _start(self, index: int) -> None:
+        self._dooms_of[index] = doom = next(self._dooms)
+        self._live[index] = self.children.start(
+            churn,
+            url=self.url,
+            table=self.table,
+            keys=self.keys,
+            ledger=self.ledger,
+            first_slot=index * self.threads,
+            ttl=self.ttl,
+            doom=doom,
+        )
+
+    def _supervise(self, report: KillReport, until: float) -> None:
+        next_kill = time.monotonic() + self._choose.uniform(*RANDOM_KILL_GAP)
+        give_up = until + WAIT_LIMIT
+        while (now := time.monotonic()) < give_up and (
+            now < until or not all(report.kills[doom] for doom in DOOMS)
+        ):
+            wait(
+                [process.sentinel for process in self._live.values()],
+                timeout=max(0.0, min(0.05, next_kill - now)),
+            )
+            for index, process in list(self._live.items()):
+                if not process.is_alive():
+                    self._buried(index, report)
+                    self._start(index)
+            if time.monotonic() >= next_kill:
+                self._kill_at_random(report)
+                next_kill = time.monotonic() + self._choose.uniform(*RANDOM_KILL_GAP)
+            self._resolve_kills(report)
+
+    def _kill_at_random(self, report: KillReport) -> None:
+        undoomed = [index for index, doom in self._dooms_of.items() if doom is None]
+        if not undoomed:
+            return
+        index = self._choose.choice(undoomed)
+        victim = self._live[index]
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        for slot in self.ledger.process_slots(index * self.threads):
+            self.ledger.dying[slot] = 1
+        self._buried(index, report)
+        self._start(index)
+
+    def _buried(self, index: int, report: KillReport) -> None:
+        """Account for the dead worker ``index`` and clear its slots. A worker that
+        recorded a doom died of it; any other was killed at random."""
+        process = self._live.pop(index)
+        process.join(WAIT_LIMIT)
+        if process.exitcode != -signal.SIGKILL:
+            report.failures.append(f"worker {process.pid} exited with {process.exitcode}")
+        else:
+            self.children.forget(process)
+        ledger = self.ledger
+        slots = range(index * self.threads, (index + 1) * self.threads)
+        died_at = time.monotonic()
+        doom = AT_RANDOM
+        for slot in slots:
+            if ledger.doomed_at[slot] >= 0:
+                doom = DOOMS[ledger.doomed_at[slot]]
+                died_at = ledger.dying_at[slot]
+                if doom == "after insert":
+                    # It took its key as it died: a wait for that key ended there, and
+                    # a new one begins.
+                    self._resolve_kills(report, ledger.working_on[slot], died_at)
+        report.kills[doom] += 1
+        for slot in slots:
+            key = ledger.working_on[slot]
+            freed = ledger.doomed_at[slot] == DOOMS.index("after delete")  # left no row
+            if key >= 0 and not freed:
+                self._resolve_kills(report, key)  # it may have taken the key since
+                if not ledger.killed_at[key]:
+                    ledger.killed_at[key] = died_at
+            ledger.inside[slot] = -1
+            ledger.working_on[slot] = -1
+            ledger.doomed_at[slot] = -1
+            ledger.dying[slot] = 0
+
+    def _resolve_kills(
+        self, report: KillReport, only: int | None = None, free_at: float | None = None
+    ) -> None:
+        """Turn kills followed by an acquire of their key (or by ``free_at``, when the
+        key was surely free) into blocked times; ``only``: just that key."""
+        ledger = self.ledger
+        for key in range(ledger.keys) if only is None else [only]:
+            killed_at = ledger.killed_at[key]
+            if not killed_at:
+                continue
+            ends = [
+                ledger.first_after[slot * ledger.keys + key]
+                for slot in range(ledger.slots)
+                if ledger.seen_kill[slot * ledger.keys + key] == killed_at
+            ]
+            if free_at is not None:
+                ends.append(free_at)
+            if ends:
+                report.longest_blocked = max(report.longest_blocked, min(ends) - killed_at)
+                ledger.killed_at[key] = 0.0
+
+    def _wait_for_workers(self, report: KillReport) -> None:
+        """Let every worker finish its hold and exit; a doomed one may still die."""
+        deadline = time.monotonic() + WAIT_LIMIT
+        for index, process in list(self._live.items()):
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode == -signal.SIGKILL:
+                self._buried(index, report)
+            elif process.exitcode != 0:
+                report.failures.append(f"worker {process.pid} ended with {process.exitcode}")
+
+    def _wait_until_empty(
+        self, manager: tierlock.LockManager, report: KillReport, stopped: float
+    ) -> None:
+        """Rows that dead holders left must expire and be reaped without help. A key
+        killed near the end that nobody asked for again counts as blocked until its
+        row is gone."""
+        deadline = stopped + self.ttl + self.reaper_interval + SLACK
+        while held := {info.key for info in manager.holders()}:
+            for index, key in enumerate(self.keys):
+                if key not in held:
+                    self._resolve_kills(report, index, free_at=time.monotonic())
+            if time.monotonic() > deadline:
+                report.failures.append(f"rows left {deadline - stopped:.1f} s after the load")
+                return
+            time.sleep(0.02)
+        emptied = time.monotonic()
+        report.emptied_after = emptied - stopped
+        self._resolve_kills(report, free_at=emptied)
+
+    def _take_every_key(self, manager: tierlock.LockManager, report: KillReport) -> None:
+        for key in self.keys:
+            lock = manager.lock(key)
+            if lock.acquire(blocking=False):
+                lock.release()
+            else:
+                report.failures.append(f"{key!r} cannot be taken after the load")

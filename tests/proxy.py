@@ -1,23 +1,22 @@
-"""A loopback TCP proxy that loses connections on purpose, in front of a real server.
+"""A loopback TCP proxy that misbehaves on purpose, in front of a real server.
 
-Tests point a manager at the proxy and arm one fault at a time, to make a statement
-vanish before the server sees it (``drop_request``), or after it took effect but before
-the client hears back (``drop_reply``), or to cut every connection (``cut_all``) or the
-server for good (``refuse_all``). ``fired`` counts faults that really happened, so a
+Tests point a manager at the proxy and arm one fault at a time: make a statement vanish
+before the server sees it (``drop_request``), or after it took effect but before the
+client hears back (``drop_reply``); cut every connection (``cut_all``); hold every byte
+in both directions, as a hung server would, until ``resume`` (``stall``); or turn new
+connections away (``refuse_new``). ``fired`` counts faults that really happened, so a
 test can tell a handled fault from one that never occurred.
 
-One thread serves every socket with a selector. Faults match within one received chunk,
-which is fine for the small statements a lock sends; sends block, which is fine for
-traffic this small.
+The proxy runs an asyncio event loop in a thread of its own, so synchronous tests drive
+it with plain calls; every call runs on that loop and waits for it. Faults match within
+one received chunk, which is fine for the small statements a lock sends.
 """
 
 from __future__ import annotations
 
-import queue
-import selectors
-import socket
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 __all__ = ["Proxy"]
@@ -25,17 +24,18 @@ __all__ = ["Proxy"]
 T = TypeVar("T")
 
 CHUNK = 65536
-# How long the test thread waits for the proxy thread to run a command.
+# How long the test thread waits for the proxy's loop to run a command.
 COMMAND_TIMEOUT = 10.0
 
 
 class _Pair:
     """One client connection and the server connection it is forwarded to."""
 
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
         self.client = client
         self.server = server
         self.drop_next_reply = False
+        self.pumps: list[asyncio.Task[None]] = []
 
 
 class Proxy:
@@ -43,144 +43,157 @@ class Proxy:
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._wake_reader, self._wake_writer = socket.socketpair()
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
-        self._selector.register(self._wake_reader, selectors.EVENT_READ)
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pairs: set[_Pair] = set()
-        self._lock = threading.Lock()  # guards the fields below, shared with tests
         self._fault: tuple[str, bytes] | None = None
         self._refusing = False
         self._forwarded: list[bytes] = []
-        self.fired = 0  # faults that happened: a dropped request or reply, a refusal
-        self._stopping = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="proxy", daemon=True)
+        self._held: list[bytes] = []
+        self._fired = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="proxy", daemon=True)
         self._thread.start()
+        self._flowing: asyncio.Event = self._call(self._new_event)
+        self._server: asyncio.Server = self._run(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self.port: int = self._server.sockets[0].getsockname()[1]
 
     # -- the test's side -----------------------------------------------------------
 
     def drop_request(self, pattern: bytes) -> None:
         """Cut the connection that next sends a chunk containing ``pattern``,
         without forwarding it: the server never sees the statement."""
-        self._arm("request", pattern)
+        self._call(lambda: self._arm("request", pattern))
 
     def drop_reply(self, pattern: bytes) -> None:
         """Forward the next chunk containing ``pattern``, then cut its connection
         when the server answers: the statement ran, the client never hears so."""
-        self._arm("reply", pattern)
+        self._call(lambda: self._arm("reply", pattern))
 
     def cut_all(self) -> int:
         """Close every open connection now; return how many there were."""
         return self._call(self._close_all)
 
+    def stall(self) -> None:
+        """Hold every byte, both ways and on new connections too, until ``resume``:
+        to the client the server has hung."""
+        self._call(self._flowing.clear)
+
+    def resume(self) -> None:
+        """Deliver what a stall held, in order, and let traffic flow again."""
+        self._call(self._flowing.set)
+
+    def refuse_new(self) -> None:
+        """Close each new connection as soon as it is accepted; open ones go on."""
+        self._call(lambda: setattr(self, "_refusing", True))
+
+    def accept_new(self) -> None:
+        self._call(lambda: setattr(self, "_refusing", False))
+
     def refuse_all(self) -> None:
         """Lose the server for good: cut every connection, now and from now on."""
-        with self._lock:
-            self._refusing = True
+        self.refuse_new()
         self.cut_all()
+
+    @property
+    def fired(self) -> int:
+        """Faults that happened: a dropped request or reply, a refused connection."""
+        return self._call(lambda: self._fired)
+
+    def held(self, pattern: bytes) -> int:
+        """How many chunks containing ``pattern`` a stall holds right now."""
+        return self._call(lambda: sum(pattern in chunk for chunk in self._held))
 
     def forwarded(self, pattern: bytes) -> int:
         """How many client chunks containing ``pattern`` reached the server."""
-        with self._lock:
-            return sum(pattern in chunk for chunk in self._forwarded)
+        return self._call(lambda: sum(pattern in chunk for chunk in self._forwarded))
 
     def close(self) -> None:
-        with self._lock:
-            self._stopping = True
-        self._wake_writer.send(b"x")
+        """Stop serving, cut what is open and end the loop's thread."""
+        self._run(self._shut_down())
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(COMMAND_TIMEOUT)
         assert not self._thread.is_alive(), "the proxy thread did not stop"
-        for sock in (self._listener, self._wake_reader, self._wake_writer):
-            sock.close()
-        self._selector.close()
-        if self._error is not None:
-            raise AssertionError("the proxy thread failed") from self._error
+        self._loop.close()
 
-    def _arm(self, kind: str, pattern: bytes) -> None:
-        with self._lock:
-            assert self._fault is None, "a fault is already armed"
-            self._fault = (kind, pattern)
+    def _run(self, coroutine: Awaitable[T]) -> T:
+        """Run ``coroutine`` on the proxy's loop and return its result."""
+
+        async def run() -> T:
+            return await coroutine
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(COMMAND_TIMEOUT)
 
     def _call(self, function: Callable[[], T]) -> T:
-        """Run ``function`` in the proxy thread, which owns the sockets; return its result."""
-        done: queue.SimpleQueue[T] = queue.SimpleQueue()
-        self._commands.put(lambda: done.put(function()))
-        self._wake_writer.send(b"x")
-        return done.get(timeout=COMMAND_TIMEOUT)
+        """Run ``function`` on the proxy's loop, which owns all state; return its result."""
 
-    # -- the proxy thread --------------------------------------------------------
+        async def call() -> T:
+            return function()
 
-    def _serve(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if self._stopping:
-                        return
-                for selected, _ in self._selector.select():
-                    if selected.fileobj is self._listener:
-                        self._accept()
-                    elif selected.fileobj is self._wake_reader:
-                        self._wake_reader.recv(CHUNK)
-                        while not self._commands.empty():
-                            self._commands.get()()
-                    elif selected.data[0] in self._pairs:  # not closed earlier in this batch
-                        self._pump(*selected.data)
-        except BaseException as exc:
-            self._error = exc
-            raise
-        finally:
-            self._close_all()
+        return self._run(call())
 
-    def _accept(self) -> None:
-        client, _ = self._listener.accept()
-        with self._lock:
-            if self._refusing:
-                self.fired += 1
-                client.close()
-                return
-        try:
-            server = socket.create_connection(self.upstream)
-        except OSError:
-            client.close()
+    # -- the loop's side -------------------------------------------------------------
+
+    @staticmethod
+    def _new_event() -> asyncio.Event:
+        flowing = asyncio.Event()
+        flowing.set()
+        return flowing
+
+    def _arm(self, kind: str, pattern: bytes) -> None:
+        assert self._fault is None, "a fault is already armed"
+        self._fault = (kind, pattern)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            self._fired += 1
+            writer.transport.abort()
             return
-        pair = _Pair(client, server)
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = _Pair(writer, server_writer)
         self._pairs.add(pair)
-        self._selector.register(pair.client, selectors.EVENT_READ, (pair, True))
-        self._selector.register(pair.server, selectors.EVENT_READ, (pair, False))
+        pair.pumps = [
+            asyncio.create_task(self._pump(pair, reader, server_writer, from_client=True)),
+            asyncio.create_task(self._pump(pair, server_reader, writer, from_client=False)),
+        ]
 
-    def _pump(self, pair: _Pair, from_client: bool) -> None:
-        source, target = (pair.client, pair.server) if from_client else (pair.server, pair.client)
+    async def _pump(
+        self,
+        pair: _Pair,
+        source: asyncio.StreamReader,
+        target: asyncio.StreamWriter,
+        *,
+        from_client: bool,
+    ) -> None:
         try:
-            data = source.recv(CHUNK)
+            while data := await source.read(CHUNK):
+                if not self._flowing.is_set():
+                    self._held.append(data)  # a stall holds the chunk here
+                    try:
+                        await self._flowing.wait()
+                    finally:
+                        self._held.remove(data)
+                if pair not in self._pairs or self._drops(pair, data, from_client=from_client):
+                    break
+                target.write(data)
+                await target.drain()
         except OSError:
-            data = b""
-        if not data:
-            self._close(pair)
-            return
-        with self._lock:
-            drop = self._decide(pair, from_client, data)
-        if drop:
-            self._close(pair)
-            return
-        try:
-            target.sendall(data)
-        except OSError:
+            pass
+        finally:
             self._close(pair)
 
-    def _decide(self, pair: _Pair, from_client: bool, data: bytes) -> bool:
-        """Whether ``data`` is to be dropped with its connection; under ``_lock``."""
+    def _drops(self, pair: _Pair, data: bytes, *, from_client: bool) -> bool:
+        """Whether ``data`` is to be dropped with its connection."""
         if not from_client:
             if pair.drop_next_reply:
-                self.fired += 1
+                self._fired += 1
             return pair.drop_next_reply
         if self._fault is not None and self._fault[1] in data:
             kind, self._fault = self._fault[0], None
             if kind == "request":
-                self.fired += 1
+                self._fired += 1
                 return True
             pair.drop_next_reply = True
         self._forwarded.append(data)
@@ -196,6 +209,16 @@ class Proxy:
         if pair not in self._pairs:
             return
         self._pairs.remove(pair)
-        for sock in (pair.client, pair.server):
-            self._selector.unregister(sock)
-            sock.close()
+        for writer in (pair.client, pair.server):
+            writer.transport.abort()
+        for pump in pair.pumps:
+            if pump is not asyncio.current_task():
+                pump.cancel()
+
+    async def _shut_down(self) -> None:
+        self._server.close()
+        self._flowing.set()
+        pumps = [pump for pair in self._pairs for pump in pair.pumps]
+        self._close_all()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        await self._server.wait_closed()

@@ -257,7 +257,9 @@ class MariaDBServer(Server):
 
     def _options(self) -> list[str]:
         # --no-defaults first: the machine's option files point at the shared server.
-        options = ["--no-defaults", f"--datadir={self.data}"]
+        # A tmpdir of its own: servers bootstrapping side by side in /tmp trip over
+        # each other's temporary tables ("Could not remove temporary table").
+        options = ["--no-defaults", f"--datadir={self.data}", f"--tmpdir={self.root}"]
         if os.geteuid() == 0:
             options.append("--user=root")
         # A small redo log and buffer pool: the tests write a few rows.

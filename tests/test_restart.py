@@ -1,4 +1,5 @@
-"""Semantic 5 across restarts: a key's fencing tokens never go back.
+"""Server restarts: fencing tokens never go back (semantic 5), and a load rides over
+an outage with prompt errors, no overlap and no stuck lock.
 
 Tokens come from the table's identity counter, so they must survive everything that
 drops state: other processes, every connection closing, the server restarting, and
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import procs
 import pytest
 from servers import Server, ServerUnavailable, private_server
 
@@ -232,3 +234,63 @@ def test_tokens_increase_across_sqlite_reopen(
         old_lives=False,
     )
     _assert_tokens_increase(before, after)
+
+
+# The restart-under-load test: processes, their threads, the keys they share.
+OUTAGE_PROCESSES = 3
+OUTAGE_THREADS = 2
+OUTAGE_KEYS = 3
+OUTAGE_TTL = 2.0
+OUTAGE_DATABASE_TIMEOUT = 2.0
+# Sections that show the load is running, before the stop and again after the start.
+PROGRESS = 30
+
+
+def test_load_rides_over_a_server_restart(server: Server) -> None:
+    """Processes hammer a few keys while the server stops and starts again: calls
+    during the outage raise BackendError within about ``database_timeout`` instead of
+    hanging, work resumes once it is back, no two sections of a key overlap, tokens
+    keep increasing, and afterwards every key can be taken within a lease."""
+    table = f"tl_{uuid.uuid4().hex[:16]}"
+    keys = [f"key:{uuid.uuid4().hex}" for _ in range(OUTAGE_KEYS)]
+    _manager(server.url, table).close()  # the table, before the children race to make it
+    ledger = procs.Ledger(OUTAGE_KEYS, OUTAGE_PROCESSES, OUTAGE_THREADS)
+    children = procs.Children()
+    try:
+        for index in range(OUTAGE_PROCESSES):
+            children.start(
+                procs.churn,
+                url=server.url,
+                table=table,
+                keys=keys,
+                ledger=ledger,
+                first_slot=index * OUTAGE_THREADS,
+                ttl=OUTAGE_TTL,
+                database_timeout=OUTAGE_DATABASE_TIMEOUT,
+            )
+        _wait_until(
+            lambda: min(ledger.sections) > 0 and sum(ledger.sections) >= PROGRESS,
+            "every worker to get going",  # each has its manager before the server stops
+        )
+        server.stop()
+        _wait_until(lambda: sum(ledger.errors) >= OUTAGE_PROCESSES, "errors during the outage")
+        server.start()
+        resumed_from = sum(ledger.sections)
+        _wait_until(lambda: sum(ledger.sections) >= resumed_from + PROGRESS, "work to resume")
+        ledger.stopping.value = 1
+        children.join()
+    finally:
+        children.kill_all()
+    print(
+        f"{sum(ledger.sections)} sections, {sum(ledger.errors)} BackendErrors, the slowest "
+        f"after {max(ledger.slowest_error):.2f} s; server stopped in "
+        f"{server.last_stop_seconds:.2f} s, started in {server.last_start_seconds:.2f} s"
+    )
+    assert sum(ledger.overlaps) == 0
+    assert sum(ledger.stale_tokens) == 0  # tokens kept increasing across the restart
+    assert max(ledger.slowest_error) < 3 * OUTAGE_DATABASE_TIMEOUT
+    with _manager(server.url, table) as manager:
+        for key in keys:
+            lock = manager.lock(key)
+            assert lock.acquire(timeout=OUTAGE_TTL + procs.SLACK), f"{key!r} is stuck"
+            lock.release()

@@ -43,6 +43,7 @@ from .sqltable import (
     fencing_token,
     lock_table,
 )
+from .watchdog import Watchdog
 
 __all__ = ["SQLBackend"]
 
@@ -286,10 +287,12 @@ class SQLBackend(LockBackend):
         self._dialect = self._engine.dialect
         self._dbapi_error: type[Exception] = self._dialect.loaded_dbapi.Error
         self._listener: Listener | None = None
+        self._watchdog: Watchdog | None = None
         channel = None
         if self.dialect_name == "postgresql":
             channel = channel_name(self.table.name)
             self._listener = Listener(self._listening_connection, channel)
+            self._watchdog = Watchdog(timeout / 2)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._dialect)
         if create_table:
@@ -429,7 +432,13 @@ class SQLBackend(LockBackend):
         except self._dbapi_error as exc:
             raise self._failure(exc, None, None) from exc
         try:
-            yield _Link(self, connection)
+            if self._watchdog is None:
+                yield _Link(self, connection)
+            else:
+                driver_connection = connection.dbapi_connection
+                assert driver_connection is not None
+                with self._watchdog.watch(driver_connection.fileno()):
+                    yield _Link(self, connection)
         finally:
             connection.close()
 
@@ -581,8 +590,12 @@ class SQLBackend(LockBackend):
         self._base_engine.dispose(close=False)
         if self._listener is not None:
             self._listener.forget()
+        if self._watchdog is not None:
+            self._watchdog.forget()
 
     def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
         if self._listener is not None:
             self._listener.close()
         if self._owns_engine:

@@ -1,0 +1,125 @@
+"""Hostile input and foreign owners: what reaches the database is data, and only the
+owner (or an explicit ``force_release``) ever removes a hold.
+
+Beside ``test_input.py`` (bad arguments) and ``test_lock.py`` (another thread of the
+same manager): table names built to inject SQL, keys and thread names that carry SQL or
+LIKE wildcards, and a second manager trying to release, extend or reap a live hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Table, inspect
+from sqlalchemy.engine import Engine
+
+import tierlock
+
+MakeManager = Callable[..., tierlock.LockManager]
+
+
+@pytest.fixture
+def canary(engine: Engine, table: str) -> str:
+    """A table of the test's own that an injected ``DROP TABLE`` would remove."""
+    Table(table, MetaData(), Column("id", Integer, primary_key=True)).create(engine)
+    return table
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "t; DROP TABLE {canary}",
+        "{canary}; DROP TABLE {canary}",
+        "{canary} --",
+        "'{canary}'",
+        '"{canary}"',
+        "`{canary}`",
+        "{canary}\n",
+        "{canary}\x00",
+        "l\u00f6cks",  # a letter, but not a plain one
+        "locks\uff11",  # a full-width digit
+        "x" * 41,
+    ],
+    ids=repr,
+)
+def test_injected_table_names_reach_no_database(
+    db_url: str, engine: Engine, canary: str, template: str
+) -> None:
+    name = template.format(canary=canary)
+    with pytest.raises(ValueError, match="plain identifier"):
+        tierlock.LockManager(db_url, table=name, reaper_interval=None)
+    tables = inspect(engine).get_table_names()
+    assert canary in tables
+    assert name not in tables
+
+
+def test_another_manager_cannot_release_extend_or_reap_a_live_hold(
+    make_manager: MakeManager, key: str
+) -> None:
+    owner, other = make_manager(), make_manager()
+    held = owner.lock(key)
+    assert held.acquire(blocking=False)
+    row = owner.info(key)
+    assert row is not None
+
+    foreign = other.lock(key)
+    with pytest.raises(tierlock.NotHeldError):
+        foreign.release()
+    with pytest.raises(tierlock.NotHeldError):
+        foreign.extend(3600)
+    assert foreign.acquire(blocking=False) is False
+    assert other.reap() == 0
+    assert owner.info(key) == row  # same token, owner and lease
+
+    assert other.force_release(key)  # the one explicit way in
+    assert owner.info(key) is None
+    with pytest.raises(tierlock.LockLostError):
+        held.release()
+
+
+def test_keys_carrying_sql_or_wildcards_are_plain_data(
+    make_manager: MakeManager, table: str
+) -> None:
+    """Keys are bound parameters, never SQL and never patterns: each locks only itself,
+    and removing one leaves every other row alone."""
+    manager = make_manager()
+    bystander = manager.lock(f"order:{uuid.uuid4().hex}")
+    assert bystander.acquire(blocking=False)
+    hostile = [
+        f"x'; DELETE FROM {table}; --",
+        f'x"); DROP TABLE {table}; --',
+        "' OR '1'='1",
+        "%",
+        "_",
+        "order:%",
+        "\\",
+    ]
+    locks = [manager.lock(key) for key in hostile]
+    for lock in locks:
+        assert lock.acquire(blocking=False), f"{lock.key!r} matched another key"
+    assert sorted(info.key for info in manager.holders()) == sorted([*hostile, bystander.key])
+    assert manager.info("order:") is None  # no prefix or pattern match
+    for lock in locks:
+        lock.release()
+    assert [info.key for info in manager.holders()] == [bystander.key]
+    assert manager.force_release("%") is False
+    assert manager.force_release("order:%") is False
+    bystander.release()
+
+
+def test_thread_names_are_stored_verbatim(manager: tierlock.LockManager, key: str) -> None:
+    name = "'); DROP TABLE x; -- \u00e9 \U0001f600"
+    seen: list[tierlock.LockInfo | None] = []
+
+    def hold() -> None:
+        with manager.lock(key):
+            seen.append(manager.info(key))
+
+    thread = threading.Thread(target=hold, name=name)
+    thread.start()
+    thread.join(10)
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].thread_name == name
