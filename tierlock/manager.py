@@ -321,6 +321,7 @@ class LockManager:
         backend = self._backend
         doorbell = backend.doorbell(key) if request.courteous else None
         pause = FIRST_POLL
+        missed = False  # whether another process held the key at some try
         try:
             if doorbell is not None:
                 doorbell.wait(COURTESY_PAUSE)
@@ -330,10 +331,10 @@ class LockManager:
                 sent = time.monotonic()
                 token = backend.try_acquire(key, owner, ttl)
                 if token is not None:
-                    contended = doorbell is not None
-                    return Hold(token, owner.owner_id, sent + ttl, contended=contended)
+                    return Hold(token, owner.owner_id, sent + ttl, contended=missed)
+                missed = True
                 if doorbell is None:
-                    doorbell = backend.doorbell(key)  # from the first miss on
+                    doorbell = backend.doorbell(key)
                 delay = random.uniform(pause / 2, pause)
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
