@@ -128,7 +128,8 @@ class TierlockSubject(Subject):
         return TierlockContender(self.manager)
 
     def statements(self) -> int:
-        return self.manager.stats().statements
+        stats = self.manager.stats()
+        return stats.statements + stats.doorbell_queries
 
     def close(self) -> None:
         self.manager.close()
@@ -138,7 +139,8 @@ class TableOnlyContender(TierlockContender):
     """A contender with a manager of its own."""
 
     def statements(self) -> int:
-        return self.manager.stats().statements
+        stats = self.manager.stats()
+        return stats.statements + stats.doorbell_queries
 
     def close(self) -> None:
         self.manager.close()

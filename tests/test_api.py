@@ -18,6 +18,7 @@ def test_all_public_names_are_exported() -> None:
         "errors",
         "keys",
         "local",
+        "lock",
         "manager",
         "reaper",
         "records",

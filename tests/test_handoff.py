@@ -126,3 +126,57 @@ def _wait_for_sleeping_insert(engine: Engine, table: str) -> None:
                 return
         time.sleep(0.01)
     pytest.fail("the stalled insert never reached the server")
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+def test_a_release_on_mariadb_wakes_a_poller_blocked_on_the_doorbell(
+    make_manager: MakeManager, engine: Engine, key: str
+) -> None:
+    """A holder that won its key against other pollers keeps the key's named lock
+    (GET_LOCK) until its process releases the row; a poller of another manager blocks on
+    the named lock in the server and wakes as soon as that happens."""
+    first, holder, poller = make_manager(), make_manager(), make_manager()
+    plain = first.lock(key)
+    assert plain.acquire()
+    won, release = threading.Event(), threading.Event()
+
+    def contend_then_hold() -> None:
+        lock = holder.lock(key)
+        assert lock.acquire(timeout=20)  # misses first: takes the doorbell, then the row
+        won.set()
+        assert release.wait(20)
+        lock.release()
+
+    contender = threading.Thread(target=contend_then_hold)
+    contender.start()
+    _wait_for(lambda: holder.stats().insert_conflicts > 0)
+    plain.release()
+    assert won.wait(20)
+    assert poller._backend.others_waiting(key)  # the holder's process keeps the doorbell
+    doorbell = poller._backend.doorbell(key)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(doorbell.wait(30)))
+    waiter.start()
+    _wait_for(lambda: _blocked_on_a_user_lock(engine))
+    release.set()
+    waiter.join(30)
+    contender.join(20)
+    doorbell.close()
+    assert woken == [True]
+
+
+def _blocked_on_a_user_lock(engine: Engine) -> bool:
+    query = text(
+        "SELECT count(*) FROM information_schema.PROCESSLIST "
+        "WHERE STATE = 'User lock' AND INFO LIKE 'SELECT GET_LOCK%%'"
+    )
+    with engine.connect() as connection:
+        return bool(connection.execute(query).scalar())
+
+
+def _wait_for(condition: Callable[[], bool], limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.01)

@@ -197,7 +197,9 @@ def test_tier_one_filters_contention(
     assert stats.releases == stats.inserts + stats.handoffs == sections
     assert stats.handoffs > 0
     assert stats.statements == 2 * stats.inserts + stats.handoffs  # insert, delete, update
-    assert len(checkouts) == stats.statements  # one connection per statement, counted apart
+    # One pooled connection per statement, counted apart; on MariaDB one more, taken out
+    # of the pool once for the doorbell's named-lock queries at the ends of cohorts.
+    assert len(checkouts) == stats.statements + (1 if stats.doorbell_queries else 0)
     assert stats.local_waits > 0
 
 

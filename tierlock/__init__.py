@@ -7,7 +7,8 @@ fencing token keep the lock safe across processes and hosts.
 
 from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeldError
 from .keys import MAX_KEY_LENGTH
-from .manager import Lock, LockManager
+from .lock import Lock
+from .manager import LockManager
 from .records import LockInfo
 from .stats import LockStats
 

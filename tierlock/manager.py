@@ -1,4 +1,5 @@
-"""``LockManager`` and ``Lock``: tier 1 (``local.Registry``) in front of a backend."""
+"""``LockManager``: tier 1 (``local.Registry``) in front of a backend, and the
+manager's side of each ``Lock``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import math
 import os
 import random
 import re
@@ -14,13 +14,13 @@ import string
 import time
 import weakref
 from collections.abc import Callable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .backends import LockBackend, open_backend
-from .errors import LockError, LockLostError, LockTimeout, NotHeldError
+from .errors import LockError, LockLostError, NotHeldError
 from .keys import KeyLike, make_key
 from .local import Registry
+from .lock import Lock, seconds
 from .reaper import Reaper
 from .records import Hold, LockInfo, Owner
 from .stats import Counters, LockStats
@@ -28,7 +28,7 @@ from .stats import Counters, LockStats
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-__all__ = ["Lock", "LockManager"]
+__all__ = ["LockManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,35 +62,6 @@ class _Request:
     owner: Owner
     ttl: float
     courteous: bool = False  # let other processes try first
-
-
-def _seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
-    """``value`` checked as a number of seconds, for option ``name``."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if math.isnan(value) or value < 0 or (value == 0 and not zero_ok):
-        bound = "non-negative" if zero_ok else "positive"
-        raise ValueError(f"{name} must be a {bound} number of seconds, got {value!r}")
-    return float(value)
-
-
-def _wait_time(blocking: bool, timeout: float | None) -> float | None:
-    """threading.RLock.acquire's rules, with ``None`` also meaning "forever".
-
-    Returns the seconds to wait: ``None`` for no limit, ``0.0`` for no wait.
-    """
-    if timeout is None or (blocking and timeout == -1):
-        return None if blocking else 0.0
-    if not blocking:
-        if timeout != -1:
-            raise ValueError("can't specify a timeout for a non-blocking call")
-        return 0.0
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout < 0:
-        raise ValueError("timeout value must be a non-negative number (or -1 for no limit)")
-    limit: float = _seconds("timeout", timeout, zero_ok=True)
-    return None if math.isinf(limit) else limit
 
 
 _managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
@@ -150,9 +121,9 @@ class LockManager:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
-        self.ttl: float = _seconds("ttl", ttl)
-        self.poll_interval: float = _seconds("poll_interval", poll_interval)
-        reaper_interval = _seconds("reaper_interval", reaper_interval, none_ok=True)
+        self.ttl: float = seconds("ttl", ttl)
+        self.poll_interval: float = seconds("poll_interval", poll_interval)
+        reaper_interval = seconds("reaper_interval", reaper_interval, none_ok=True)
         if url is None and engine is None:
             url = DEFAULT_URL
         self._counters = Counters()
@@ -162,7 +133,7 @@ class LockManager:
             table=table,
             create_table=create_table,
             counters=self._counters,
-            timeout=_seconds("database_timeout", database_timeout),
+            timeout=seconds("database_timeout", database_timeout),
         )
         # A waiter's request: who it is and the lease it wants, for a hand-off.
         self._registry: Registry[Hold, _Request] = Registry(self._counters)
@@ -252,7 +223,7 @@ class LockManager:
 
     def start_reaper(self, interval: float) -> None:
         """Reap every ``interval`` seconds in a background thread (restart if running)."""
-        self._reaper.start(_seconds("interval", interval))
+        self._reaper.start(seconds("interval", interval))
 
     def stop_reaper(self) -> None:
         self._reaper.stop()
@@ -331,7 +302,8 @@ class LockManager:
                 sent = time.monotonic()
                 token = backend.try_acquire(key, owner, ttl)
                 if token is not None:
-                    return Hold(token, owner.owner_id, sent + ttl, contended=missed)
+                    ring = None if doorbell is None else doorbell.keep()
+                    return Hold(token, owner.owner_id, sent + ttl, contended=missed, ring=ring)
                 missed = True
                 if doorbell is None:
                     doorbell = backend.doorbell(key)
@@ -360,10 +332,14 @@ class LockManager:
                 handed = self._handoff(key, hold, successor.request)
                 released = handed is not None
             else:
-                if successor is not None and hold.contended:
+                if successor is not None and (
+                    hold.contended or (hold.ring is None and self._backend.others_waiting(key))
+                ):
                     successor.request.courteous = True
                 released = self._backend.release(key, hold.owner_id, hold.live_until)
         finally:
+            if handed is None and hold.ring is not None:
+                hold.ring()  # the row left this process: wake pollers elsewhere
             if successor is not None:
                 registry.pass_on(key, successor, handed)
         if not released:
@@ -379,7 +355,12 @@ class LockManager:
             return None
         self._counters.add("handoffs")
         return Hold(
-            token, request.owner.owner_id, sent + request.ttl, hold.handoffs + 1, hold.contended
+            token,
+            request.owner.owner_id,
+            sent + request.ttl,
+            hold.handoffs + 1,
+            hold.contended,
+            hold.ring,
         )
 
     def _extend(self, key: str, ttl: float) -> None:
@@ -396,118 +377,3 @@ class LockManager:
         self._counters.add("lost_holds")
         logger.warning("lock %r (token %d) was lost before %s", key, hold.token, before)
         raise LockLostError(key, hold.token)
-
-
-class Lock:
-    """A handle on one key of a :class:`LockManager`; cheap, and may be shared by threads.
-
-    It behaves like ``threading.RLock`` across threads, processes and hosts::
-
-        lock = locks.lock("user:42")
-        if lock.acquire(timeout=2):
-            try:
-                ...                      # lock.token fences writes made here
-            finally:
-                lock.release()
-
-    What a thread holds is tracked per manager and key, not per handle: two handles
-    on the same key are one lock.
-    """
-
-    __slots__ = ("__weakref__", "_key", "_manager", "_timeout", "_ttl")
-
-    def __init__(
-        self,
-        manager: LockManager,
-        key: KeyLike,
-        *,
-        ttl: float | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        self._manager = manager
-        self._key = make_key(key)
-        self._ttl: float | None = _seconds("ttl", ttl, none_ok=True)
-        self._timeout: float | None = _seconds("timeout", timeout, none_ok=True, zero_ok=True)
-
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @property
-    def ttl(self) -> float:
-        """The lease of each hold taken through this handle, in seconds."""
-        return self._manager.ttl if self._ttl is None else self._ttl
-
-    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
-        """Acquire the lock, with ``threading.RLock.acquire``'s arguments and rules.
-
-        ``timeout=None`` also means no limit. Reentrant: a thread that holds the lock
-        gets it again at once, and must release it as many times.
-
-        :returns: whether the lock is now held.
-        :raises BackendError: the database failed.
-        """
-        return self._manager._acquire(self._key, self.ttl, _wait_time(blocking, timeout))
-
-    def release(self) -> None:
-        """Release one level of the calling thread's hold; the last deletes the row.
-
-        :raises NotHeldError: the calling thread does not hold the lock.
-        :raises LockLostError: the hold was already gone (its lease ran out and it was
-            reaped or taken over, or it was force-released). The lock is released
-            locally all the same.
-        """
-        self._manager._release(self._key)
-
-    def extend(self, ttl: float | None = None) -> None:
-        """Push the calling thread's lease to now + ``ttl`` by the database's clock.
-
-        :param ttl: seconds; default the handle's ttl.
-        :raises NotHeldError: the calling thread does not hold the lock.
-        :raises LockLostError: the hold was already gone.
-        """
-        seconds = self.ttl if ttl is None else _seconds("ttl", ttl)
-        self._manager._extend(self._key, seconds)
-
-    def locked(self) -> bool:
-        """Whether anyone, in any thread, process or host, holds an unexpired lease."""
-        return self._manager._backend.is_locked(self._key)
-
-    def owned(self) -> bool:
-        """Whether the calling thread holds the lock."""
-        return self._manager._registry.hold(self._key) is not None
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the calling thread's hold, or ``None``.
-
-        Tokens strictly increase across successive holds of a key; storage that
-        remembers the highest token it accepted can reject a stale holder's writes.
-        """
-        hold = self._manager._registry.hold(self._key)
-        return None if hold is None else hold.token
-
-    def __enter__(self) -> Lock:
-        if not self.acquire(timeout=self._timeout):
-            raise LockTimeout(self._key, self._timeout or 0.0)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.release()
-            return
-        try:
-            self.release()
-        except LockError as release_error:
-            # Do not hide the body's exception behind the release's.
-            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
-
-    def __repr__(self) -> str:
-        # From tier 1 alone: a repr must not query the database.
-        state = "locked" if self._manager._registry.is_held(self._key) else "unlocked"
-        return f"<{state} tierlock.Lock object key={self._key!r} at {id(self):#x}>"

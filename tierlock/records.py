@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime
 
 __all__ = ["LockInfo", "Owner"]
@@ -59,6 +60,8 @@ class Hold:
     live_until: float
     handoffs: int = 0  # how many hand-offs in a row, within the process, led to it
     contended: bool = False  # whether another process held the key when it was won
+    # What wakes pollers elsewhere once the row is released (see Doorbell.keep).
+    ring: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

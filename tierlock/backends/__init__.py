@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..records import LockInfo, Owner
@@ -58,6 +59,10 @@ class LockBackend(abc.ABC):
         """
         return Doorbell()
 
+    def others_waiting(self, key: str) -> bool:
+        """Whether pollers in other processes are known to wait for ``key``."""
+        return False
+
     @abc.abstractmethod
     def is_locked(self, key: str) -> bool:
         """Whether an unexpired hold of ``key`` exists."""
@@ -89,7 +94,7 @@ class LockBackend(abc.ABC):
 
 class Doorbell:
     """Pauses of one poller of one key: ``arm()`` before each try, ``wait()`` after a
-    failed one, ``close()`` when done."""
+    failed one; when the poller wins, ``keep()``; ``close()`` when done."""
 
     def arm(self) -> None:
         pass
@@ -98,6 +103,11 @@ class Doorbell:
         """Pause up to ``seconds``; ``True`` if woken early because the key may be free."""
         time.sleep(seconds)
         return False
+
+    def keep(self) -> Callable[[], None] | None:
+        """For a poller that won the key: what to call once its process has released
+        the row, to wake pollers elsewhere (``None``: nothing to do)."""
+        return None
 
     def close(self) -> None:
         pass

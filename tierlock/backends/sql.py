@@ -34,6 +34,7 @@ from ..errors import BackendError
 from ..records import LockInfo, Owner
 from ..stats import Counters
 from . import Doorbell, LockBackend
+from .bells import Bells
 from .notify import Listener, channel_name
 from .sqltable import (
     MYSQL_FAMILY,
@@ -288,11 +289,14 @@ class SQLBackend(LockBackend):
         self._dbapi_error: type[Exception] = self._dialect.loaded_dbapi.Error
         self._listener: Listener | None = None
         self._watchdog: Watchdog | None = None
+        self._bells: Bells | None = None
         channel = None
         if self.dialect_name == "postgresql":
             channel = channel_name(self.table.name)
-            self._listener = Listener(self._listening_connection, channel)
+            self._listener = Listener(self._dedicated_connection, channel)
             self._watchdog = Watchdog(timeout / 2)
+        elif self.dialect_name in MYSQL_FAMILY:
+            self._bells = Bells(self._dedicated_connection, self.table.name, counters)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._dialect)
         if create_table:
@@ -572,17 +576,26 @@ class SQLBackend(LockBackend):
                 return total
 
     def doorbell(self, key: str) -> Doorbell:
-        if self._listener is None:
-            return super().doorbell(key)
-        return self._listener.doorbell(key)
+        if self._listener is not None:
+            return self._listener.doorbell(key)
+        if self._bells is not None:
+            return self._bells.doorbell(key)
+        return super().doorbell(key)
 
-    def _listening_connection(self) -> Any:
-        """A driver connection of the listener's own, outside the pool."""
+    def others_waiting(self, key: str) -> bool:
+        return self._bells is not None and self._bells.waiting(key)
+
+    def _dedicated_connection(self) -> Any:
+        """A driver connection in autocommit mode, outside the pool: for LISTEN, or
+        for a doorbell's named lock."""
         connection = self._engine.raw_connection()
         connection.detach()
         driver_connection = connection.dbapi_connection
         assert driver_connection is not None
-        driver_connection.autocommit = True
+        if self.dialect_name == "postgresql":
+            driver_connection.autocommit = True
+        else:
+            driver_connection.autocommit(True)
         return driver_connection
 
     def after_fork(self) -> None:
@@ -592,8 +605,12 @@ class SQLBackend(LockBackend):
             self._listener.forget()
         if self._watchdog is not None:
             self._watchdog.forget()
+        if self._bells is not None:
+            self._bells.forget()
 
     def close(self) -> None:
+        if self._bells is not None:
+            self._bells.close()
         if self._watchdog is not None:
             self._watchdog.close()
         if self._listener is not None:

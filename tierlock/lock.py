@@ -1,0 +1,162 @@
+"""``Lock``, the handle on one key, and the checks of the times it is given."""
+
+from __future__ import annotations
+
+import logging
+import math
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .errors import LockError, LockTimeout
+from .keys import KeyLike, make_key
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+
+__all__ = ["Lock", "seconds"]
+
+logger = logging.getLogger(__name__)
+
+
+def seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
+    """``value`` checked as a number of seconds, for option ``name``."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if math.isnan(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = "non-negative" if zero_ok else "positive"
+        raise ValueError(f"{name} must be a {bound} number of seconds, got {value!r}")
+    return float(value)
+
+
+def _wait_time(blocking: bool, timeout: float | None) -> float | None:
+    """threading.RLock.acquire's rules, with ``None`` also meaning "forever".
+
+    Returns the seconds to wait: ``None`` for no limit, ``0.0`` for no wait.
+    """
+    if timeout is None or (blocking and timeout == -1):
+        return None if blocking else 0.0
+    if not blocking:
+        if timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        return 0.0
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout < 0:
+        raise ValueError("timeout value must be a non-negative number (or -1 for no limit)")
+    limit: float = seconds("timeout", timeout, zero_ok=True)
+    return None if math.isinf(limit) else limit
+
+
+class Lock:
+    """A handle on one key of a :class:`LockManager`; cheap, and may be shared by threads.
+
+    It behaves like ``threading.RLock`` across threads, processes and hosts::
+
+        lock = locks.lock("user:42")
+        if lock.acquire(timeout=2):
+            try:
+                ...                      # lock.token fences writes made here
+            finally:
+                lock.release()
+
+    What a thread holds is tracked per manager and key, not per handle: two handles
+    on the same key are one lock.
+    """
+
+    __slots__ = ("__weakref__", "_key", "_manager", "_timeout", "_ttl")
+
+    def __init__(
+        self,
+        manager: LockManager,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self._manager = manager
+        self._key = make_key(key)
+        self._ttl: float | None = seconds("ttl", ttl, none_ok=True)
+        self._timeout: float | None = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def ttl(self) -> float:
+        """The lease of each hold taken through this handle, in seconds."""
+        return self._manager.ttl if self._ttl is None else self._ttl
+
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
+        """Acquire the lock, with ``threading.RLock.acquire``'s arguments and rules.
+
+        ``timeout=None`` also means no limit. Reentrant: a thread that holds the lock
+        gets it again at once, and must release it as many times.
+
+        :returns: whether the lock is now held.
+        :raises BackendError: the database failed.
+        """
+        return self._manager._acquire(self._key, self.ttl, _wait_time(blocking, timeout))
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; the last deletes the row.
+
+        :raises NotHeldError: the calling thread does not hold the lock.
+        :raises LockLostError: the hold was already gone (its lease ran out and it was
+            reaped or taken over, or it was force-released). The lock is released
+            locally all the same.
+        """
+        self._manager._release(self._key)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Push the calling thread's lease to now + ``ttl`` by the database's clock.
+
+        :param ttl: seconds; default the handle's ttl.
+        :raises NotHeldError: the calling thread does not hold the lock.
+        :raises LockLostError: the hold was already gone.
+        """
+        lease = self.ttl if ttl is None else seconds("ttl", ttl)
+        self._manager._extend(self._key, lease)
+
+    def locked(self) -> bool:
+        """Whether anyone, in any thread, process or host, holds an unexpired lease."""
+        return self._manager._backend.is_locked(self._key)
+
+    def owned(self) -> bool:
+        """Whether the calling thread holds the lock."""
+        return self._manager._registry.hold(self._key) is not None
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the calling thread's hold, or ``None``.
+
+        Tokens strictly increase across successive holds of a key; storage that
+        remembers the highest token it accepted can reject a stale holder's writes.
+        """
+        hold = self._manager._registry.hold(self._key)
+        return None if hold is None else hold.token
+
+    def __enter__(self) -> Lock:
+        if not self.acquire(timeout=self._timeout):
+            raise LockTimeout(self._key, self._timeout or 0.0)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except LockError as release_error:
+            # Do not hide the body's exception behind the release's.
+            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
+
+    def __repr__(self) -> str:
+        # From tier 1 alone: a repr must not query the database.
+        state = "locked" if self._manager._registry.is_held(self._key) else "unlocked"
+        return f"<{state} tierlock.Lock object key={self._key!r} at {id(self):#x}>"
