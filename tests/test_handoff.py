@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from polling import wait_until
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
@@ -104,7 +105,7 @@ def test_an_insert_stalled_in_the_server_cannot_win_with_a_lower_token(
     try:
         stalled = threading.Thread(target=hold, args=(stalled_manager,), name="stalled")
         stalled.start()
-        _wait_for_sleeping_insert(engine, table)
+        wait_until(lambda: _sleeping_insert(engine, table), "the stalled insert")
         hold(other)
         stalled.join(20)
     finally:
@@ -115,17 +116,12 @@ def test_an_insert_stalled_in_the_server_cannot_win_with_a_lower_token(
     assert [token for _, token in sorted(holds)] == sorted(token for _, token in holds)
 
 
-def _wait_for_sleeping_insert(engine: Engine, table: str) -> None:
+def _sleeping_insert(engine: Engine, table: str) -> bool:
     query = text(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE :pattern"
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with engine.connect() as connection:
-            if connection.execute(query, {"pattern": f"%INSERT INTO {table}%"}).scalar():
-                return
-        time.sleep(0.01)
-    pytest.fail("the stalled insert never reached the server")
+    with engine.connect() as connection:
+        return bool(connection.execute(query, {"pattern": f"%INSERT INTO {table}%"}).scalar())
 
 
 @pytest.mark.mariadb
@@ -150,7 +146,7 @@ def test_a_release_on_mariadb_wakes_a_poller_blocked_on_the_doorbell(
 
     contender = threading.Thread(target=contend_then_hold)
     contender.start()
-    _wait_for(lambda: holder.stats().insert_conflicts > 0)
+    wait_until(lambda: holder.stats().insert_conflicts > 0, "the contender to miss")
     plain.release()
     assert won.wait(20)
     assert poller._backend.others_waiting(key)  # the holder's process keeps the doorbell
@@ -158,7 +154,7 @@ def test_a_release_on_mariadb_wakes_a_poller_blocked_on_the_doorbell(
     woken: list[bool] = []
     waiter = threading.Thread(target=lambda: woken.append(doorbell.wait(30)))
     waiter.start()
-    _wait_for(lambda: _blocked_on_a_user_lock(engine))
+    wait_until(lambda: _blocked_on_a_user_lock(engine), "a poller blocked on GET_LOCK")
     release.set()
     waiter.join(30)
     contender.join(20)
@@ -173,10 +169,3 @@ def _blocked_on_a_user_lock(engine: Engine) -> bool:
     )
     with engine.connect() as connection:
         return bool(connection.execute(query).scalar())
-
-
-def _wait_for(condition: Callable[[], bool], limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.01)

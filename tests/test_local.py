@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 import tracemalloc
+from functools import partial
 from typing import Any
 
 import pytest
+from polling import wait_until
 
 from tierlock.errors import NotHeldError
 from tierlock.local import Registry
@@ -59,7 +61,7 @@ def test_waiters_are_served_first_come_first_served_one_at_a_time() -> None:
         thread.start()
         assert event.wait(5)
         # Wait until this thread is parked in the queue before starting the next.
-        _wait_until(lambda n=number: _queue_length(registry, "k") == n)
+        wait_until(partial(_queue_has, registry, number), "the queue", pause=0.001)
         threads.append(thread)
     assert registry.exit("k") == 0
     registry.unclaim("k")
@@ -122,17 +124,10 @@ def test_reset_forgets_everything() -> None:
     assert registry.claim("k", 0, None)
 
 
+def _queue_has(registry: Registry[Any, Any], length: int) -> bool:
+    return _queue_length(registry, "k") == length
+
+
 def _queue_length(registry: Registry[Any, Any], key: str) -> int:
     entry = registry._entries.get(key)
     return 0 if entry is None else len(entry.waiters)
-
-
-def _wait_until(condition: object, limit: float = 5.0) -> None:
-    import time
-
-    assert callable(condition)
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not met in time")
-        time.sleep(0.001)

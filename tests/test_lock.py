@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from polling import wait_until
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
@@ -259,7 +260,7 @@ def test_expired_row_is_not_locked_until_reaped(make_manager: MakeManager, key: 
     other = make_manager()
     lock = manager.lock(key, ttl=0.3)
     assert lock.acquire()
-    info = _wait_for(lambda: _expired_info(other, key))
+    info = wait_until(lambda: _expired_info(other, key), "the lease to end")
     assert isinstance(info, tierlock.LockInfo)
     assert not other.lock(key).locked()
     assert info.expires_at - info.acquired_at == timedelta(seconds=0.3)
@@ -379,7 +380,7 @@ def test_reaper_job_deletes_expired_rows(make_manager: MakeManager, key: str) ->
     assert not manager.reaper_running
     manager.start_reaper(0.1)
     assert manager.reaper_running
-    _wait_for(lambda: manager.info(key) is None or None)
+    wait_until(lambda: manager.info(key) is None, "the reaper to delete the row")
     manager.stop_reaper()
     assert not manager.reaper_running
     with pytest.raises(tierlock.LockLostError):
@@ -489,14 +490,3 @@ def _database_now(engine: Engine) -> datetime:
 def _expired_info(manager: tierlock.LockManager, key: str) -> tierlock.LockInfo | None:
     info = manager.info(key)
     return info if info is not None and info.expired else None
-
-
-def _wait_for(probe: Callable[[], object], limit: float = 10.0) -> object:
-    """Poll ``probe`` until it returns something other than None, for at most ``limit`` s."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = probe()
-        if value is not None:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"condition not met within {limit} s")

@@ -18,7 +18,6 @@ import itertools
 import logging
 import multiprocessing
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import procs
 import pytest
+from polling import wait_until
 from servers import Server, ServerUnavailable, private_server
 
 import tierlock
@@ -129,13 +129,6 @@ def _holds_in_child(
     return result
 
 
-def _wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"still waiting after {WAIT:g} s for {what}"
-        time.sleep(0.02)
-
-
 def _assert_tokens_increase(before: Log, after: Log) -> None:
     tokens: dict[str, list[int]] = {}
     for key, token in before + after:
@@ -169,7 +162,9 @@ def _tokens_across_restart(
         _take_holds(old, keys, 3, before)
         before += _holds_in_child(url, table, keys, 2, stale=first if emptied else None)
         if emptied:
-            _wait_until(lambda: not old.lock(first).locked(), "the dead holder's lease to end")
+            wait_until(
+                lambda: not old.lock(first).locked(), "the dead holder's lease to end", limit=WAIT
+            )
             assert old.reap() == 1
             assert old.holders() == []
         else:
@@ -268,15 +263,20 @@ def test_load_rides_over_a_server_restart(server: Server) -> None:
                 ttl=OUTAGE_TTL,
                 database_timeout=OUTAGE_DATABASE_TIMEOUT,
             )
-        _wait_until(
+        wait_until(
             lambda: min(ledger.sections) > 0 and sum(ledger.sections) >= PROGRESS,
             "every worker to get going",  # each has its manager before the server stops
+            limit=WAIT,
         )
         server.stop()
-        _wait_until(lambda: sum(ledger.errors) >= OUTAGE_PROCESSES, "errors during the outage")
+        wait_until(
+            lambda: sum(ledger.errors) >= OUTAGE_PROCESSES, "errors during the outage", limit=WAIT
+        )
         server.start()
         resumed_from = sum(ledger.sections)
-        _wait_until(lambda: sum(ledger.sections) >= resumed_from + PROGRESS, "work to resume")
+        wait_until(
+            lambda: sum(ledger.sections) >= resumed_from + PROGRESS, "work to resume", limit=WAIT
+        )
         ledger.stopping.value = 1
         children.join()
     finally:
