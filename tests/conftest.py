@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proxy import Proxy
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 import tierlock
+
+MakeManager = Callable[..., tierlock.LockManager]
 
 DATABASES = {
     "sqlite": None,  # a fresh file per test, under tmp_path
@@ -105,7 +108,7 @@ def table(db_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_manager(db_url: str, table: str) -> Iterator[Callable[..., tierlock.LockManager]]:
+def make_manager(db_url: str, table: str) -> Iterator[MakeManager]:
     """Make managers on this test's database and table; all are closed afterwards."""
     managers: list[tierlock.LockManager] = []
 
@@ -140,3 +143,45 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def key() -> str:
     return f"key:{uuid.uuid4().hex}"
+
+
+# For tests of what only a server shows (a network to lose, a session to end).
+SERVERS = pytest.mark.parametrize(
+    "db",
+    [
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+    ],
+    indirect=True,
+)
+
+
+@pytest.fixture
+def direct(make_manager: MakeManager) -> tierlock.LockManager:
+    """A manager straight on the server: it creates the table and tells the truth."""
+    return make_manager()
+
+
+@pytest.fixture
+def proxy(db_url: str) -> Iterator[Proxy]:
+    url = make_url(db_url)
+    assert url.host is not None and url.port is not None
+    proxy = Proxy((url.host, url.port))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def proxied(
+    direct: tierlock.LockManager, proxy: Proxy, db_url: str, make_manager: MakeManager
+) -> MakeManager:
+    """Make managers whose every connection goes through ``proxy``."""
+    url = make_url(db_url).set(host="127.0.0.1", port=proxy.port)
+    if url.get_backend_name() == "postgresql":
+        # Keep the bytes readable: TLS would hide the statements from the proxy.
+        url = url.update_query_dict({"sslmode": "disable"})
+
+    def make(**options: Any) -> tierlock.LockManager:
+        return make_manager(url=url.render_as_string(hide_password=False), **options)
+
+    return make

@@ -2,10 +2,11 @@
 
 Tests point a manager at the proxy and arm one fault at a time: make a statement vanish
 before the server sees it (``drop_request``), or after it took effect but before the
-client hears back (``drop_reply``); cut every connection (``cut_all``); hold every byte
-in both directions, as a hung server would, until ``resume`` (``stall``); or turn new
-connections away (``refuse_new``). ``fired`` counts faults that really happened, so a
-test can tell a handled fault from one that never occurred.
+client hears back (``drop_reply``), either followed by a stall if asked; cut every
+connection (``cut_all``); hold every byte in both directions, as a hung server would,
+until ``resume`` (``stall``, or ``stall_at`` a given statement); or turn new connections
+away (``refuse_new``). ``fired`` counts faults that really happened, so a test can tell a
+handled fault from one that never occurred.
 
 The proxy runs an asyncio event loop in a thread of its own, so synchronous tests drive
 it with plain calls; every call runs on that loop and waits for it. Faults match within
@@ -35,6 +36,7 @@ class _Pair:
         self.client = client
         self.server = server
         self.drop_next_reply = False
+        self.stall_after_drop = False
         self.pumps: list[asyncio.Task[None]] = []
 
 
@@ -44,7 +46,7 @@ class Proxy:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self._pairs: set[_Pair] = set()
-        self._fault: tuple[str, bytes] | None = None
+        self._fault: tuple[str, bytes, bool] | None = None  # kind, pattern, stall after
         self._refusing = False
         self._forwarded: list[bytes] = []
         self._held: list[bytes] = []
@@ -58,15 +60,22 @@ class Proxy:
 
     # -- the test's side -----------------------------------------------------------
 
-    def drop_request(self, pattern: bytes) -> None:
+    def drop_request(self, pattern: bytes, *, then_stall: bool = False) -> None:
         """Cut the connection that next sends a chunk containing ``pattern``,
-        without forwarding it: the server never sees the statement."""
-        self._call(lambda: self._arm("request", pattern))
+        without forwarding it: the server never sees the statement. With
+        ``then_stall``, everything stalls from then on, until ``resume``."""
+        self._call(lambda: self._arm("request", pattern, then_stall))
 
-    def drop_reply(self, pattern: bytes) -> None:
+    def drop_reply(self, pattern: bytes, *, then_stall: bool = False) -> None:
         """Forward the next chunk containing ``pattern``, then cut its connection
-        when the server answers: the statement ran, the client never hears so."""
-        self._call(lambda: self._arm("reply", pattern))
+        when the server answers: the statement ran, the client never hears so. With
+        ``then_stall``, everything stalls from then on, until ``resume``."""
+        self._call(lambda: self._arm("reply", pattern, then_stall))
+
+    def stall_at(self, pattern: bytes) -> None:
+        """Stall from the next chunk containing ``pattern`` on, that chunk included,
+        until ``resume``: the statement is on its way, the server has not seen it."""
+        self._call(lambda: self._arm("stall", pattern, True))
 
     def cut_all(self) -> int:
         """Close every open connection now; return how many there were."""
@@ -92,6 +101,11 @@ class Proxy:
         """Lose the server for good: cut every connection, now and from now on."""
         self.refuse_new()
         self.cut_all()
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections the proxy is forwarding now."""
+        return self._call(lambda: len(self._pairs))
 
     @property
     def fired(self) -> int:
@@ -138,9 +152,9 @@ class Proxy:
         flowing.set()
         return flowing
 
-    def _arm(self, kind: str, pattern: bytes) -> None:
+    def _arm(self, kind: str, pattern: bytes, then_stall: bool) -> None:
         assert self._fault is None, "a fault is already armed"
-        self._fault = (kind, pattern)
+        self._fault = (kind, pattern, then_stall)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refusing:
@@ -169,14 +183,18 @@ class Proxy:
     ) -> None:
         try:
             while data := await source.read(CHUNK):
+                if self._drops(pair, data, from_client=from_client):
+                    break
                 if not self._flowing.is_set():
                     self._held.append(data)  # a stall holds the chunk here
                     try:
                         await self._flowing.wait()
                     finally:
                         self._held.remove(data)
-                if pair not in self._pairs or self._drops(pair, data, from_client=from_client):
+                if pair not in self._pairs:
                     break
+                if from_client:
+                    self._forwarded.append(data)
                 target.write(data)
                 await target.drain()
         except OSError:
@@ -185,18 +203,28 @@ class Proxy:
             self._close(pair)
 
     def _drops(self, pair: _Pair, data: bytes, *, from_client: bool) -> bool:
-        """Whether ``data`` is to be dropped with its connection."""
+        """Whether ``data`` is to be dropped with its connection; starts a stall that
+        an armed fault asks for."""
         if not from_client:
             if pair.drop_next_reply:
                 self._fired += 1
+                if pair.stall_after_drop:
+                    self._flowing.clear()
             return pair.drop_next_reply
         if self._fault is not None and self._fault[1] in data:
-            kind, self._fault = self._fault[0], None
-            if kind == "request":
+            kind, _, then_stall = self._fault
+            self._fault = None
+            if kind == "stall":
                 self._fired += 1
+                self._flowing.clear()
+            elif kind == "request":
+                self._fired += 1
+                if then_stall:
+                    self._flowing.clear()
                 return True
-            pair.drop_next_reply = True
-        self._forwarded.append(data)
+            else:
+                pair.drop_next_reply = True
+                pair.stall_after_drop = then_stall
         return False
 
     def _close_all(self) -> int:

@@ -14,13 +14,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from proxy import Proxy
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 import tierlock
@@ -45,37 +43,6 @@ ACQUIRE_TIMEOUT = 5.0
 DATABASE_TIMEOUT = 2.0
 # The lease of holds a test waits out.
 SHORT_TTL = 1.0
-
-
-@pytest.fixture
-def direct(make_manager: MakeManager) -> tierlock.LockManager:
-    """A manager straight on the server: it creates the table and tells the truth."""
-    return make_manager()
-
-
-@pytest.fixture
-def proxy(db_url: str) -> Iterator[Proxy]:
-    url = make_url(db_url)
-    assert url.host is not None and url.port is not None
-    proxy = Proxy((url.host, url.port))
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture
-def proxied(
-    direct: tierlock.LockManager, proxy: Proxy, db_url: str, make_manager: MakeManager
-) -> MakeManager:
-    """Make managers whose every connection goes through ``proxy``."""
-    url = make_url(db_url).set(host="127.0.0.1", port=proxy.port)
-    if url.get_backend_name() == "postgresql":
-        # Keep the bytes readable: TLS would hide the statements from the proxy.
-        url = url.update_query_dict({"sslmode": "disable"})
-
-    def make(**options: Any) -> tierlock.LockManager:
-        return make_manager(url=url.render_as_string(hide_password=False), **options)
-
-    return make
 
 
 @pytest.fixture

@@ -9,6 +9,16 @@ however many keys a process touches, and no primitive is ever shared by two keys
 What the current thread holds lives in thread-local storage. Ownership is the
 identity of that storage, not ``threading.get_ident()``, which the OS may hand to a
 new thread once the old one has exited.
+
+A waiter may leave at any moment: its wait times out, or a signal handler raises in
+it. Every change of a waiter's state happens under the registry's mutex, so a hand-off
+and a departure cannot cross unseen::
+
+    releasing thread                          waiting thread
+    successor(): chooses the waiter
+    (the backend passes the row on)           interrupted: leave() marks it ABANDONED
+    pass_on(): sees ABANDONED, takes the
+    hold back and passes it on in turn        re-raises; it never held anything
 """
 
 from __future__ import annotations
@@ -17,13 +27,20 @@ import collections
 import threading
 from typing import Any, Generic, TypeVar
 
-from .errors import NotHeldError
+from .errors import LockError, NotHeldError
 from .stats import Counters
 
 __all__ = ["Registry", "Waiter"]
 
 H = TypeVar("H")  # what a backend hold is
 R = TypeVar("R")  # what a waiter asks for, for a hand-off to fill in
+
+# The states of a waiter; each moves only forward, under the registry's mutex.
+QUEUED = 0  # in its entry's queue
+CHOSEN = 1  # taken from the queue by a releasing thread, whose hand-off is under way
+WOKEN = 2  # the claim (and any hold made for it) is the waiter's
+ABANDONED = 3  # it left the queue, or left once chosen: the releasing thread moves on
+CLOSED = 4  # the registry was closed while it waited
 
 
 class _Thread(Generic[H]):
@@ -36,13 +53,14 @@ class _Thread(Generic[H]):
 
 
 class Waiter(Generic[H, R]):
-    """A parked thread; ``wake`` hands it the claim."""
+    """A parked thread; ``request`` is what a releasing thread may act on for it."""
 
-    __slots__ = ("_gate", "request", "thread")
+    __slots__ = ("_gate", "request", "state", "thread")
 
     def __init__(self, thread: _Thread[H], request: R) -> None:
         self.thread = thread
         self.request = request
+        self.state = QUEUED
         self._gate = threading.Lock()
         self._gate.acquire()
 
@@ -54,12 +72,11 @@ class Waiter(Generic[H, R]):
 
 
 class _Entry(Generic[H]):
-    """One claimed key: its claimant, reentrancy depth, backend hold and queue."""
+    """One claimed key: its reentrancy depth, backend hold and queue."""
 
-    __slots__ = ("claimant", "depth", "hold", "waiters")
+    __slots__ = ("depth", "hold", "waiters")
 
-    def __init__(self, claimant: _Thread[H]) -> None:
-        self.claimant = claimant
+    def __init__(self) -> None:
         self.depth = 0  # 0 while the claimant is still acquiring from the backend
         self.hold: H | None = None
         self.waiters: collections.deque[Waiter[H, Any]] = collections.deque()
@@ -84,6 +101,7 @@ class Registry(Generic[H, R]):
         self._mutex = threading.Lock()
         self._entries: dict[str, _Entry[H]] = {}
         self._local = threading.local()
+        self._closed = False
 
     def _thread(self) -> _Thread[H]:
         try:
@@ -96,6 +114,10 @@ class Registry(Generic[H, R]):
         """The calling thread's hold of ``key``, if it has one."""
         entry = self._thread().claimed.get(key)
         return entry.hold if entry is not None and entry.depth else None
+
+    def claims(self, key: str) -> bool:
+        """Whether the calling thread has claimed ``key`` (held or being acquired)."""
+        return key in self._thread().claimed
 
     def is_held(self, key: str) -> bool:
         """Whether some thread of this registry holds ``key``."""
@@ -115,30 +137,52 @@ class Registry(Generic[H, R]):
 
         Waits in line up to ``timeout`` seconds (``None``: no limit, ``0``: no wait);
         ``request`` is what a thread handing over the claim may act on. The claim may
-        arrive with a hold already made for the caller: see ``hold``.
+        arrive with a hold already made for the caller: see ``hold``. Whatever ends
+        the wait (a timeout, an exception raised in it), the queue stays consistent;
+        only a waiter that was woken leaves with the claim, which its caller must then
+        pass on if it does not return it.
+
+        :raises LockError: the registry was closed while the caller waited.
         """
         thread = self._thread()
+        waiter: Waiter[H, R] | None = None
+        entry: _Entry[H] | None = None
+        try:
+            with self._mutex:
+                if self._closed:
+                    raise LockError("this LockManager is closed", key)
+                entry = self._entries.get(key)
+                if entry is None:
+                    entry = self._entries[key] = _Entry()
+                    thread.claimed[key] = entry
+                    return True
+                if timeout == 0:
+                    return False
+                waiter = Waiter(thread, request)
+                entry.waiters.append(waiter)
+            self._counters.add("local_waits")
+            woken = waiter.wait(timeout)
+        except BaseException:
+            if waiter is not None and entry is not None:
+                self._leave(entry, waiter)
+            raise
+        if not woken or waiter.state != WOKEN:
+            with self._mutex:
+                if waiter.state == CLOSED:
+                    raise LockError("this LockManager was closed while waiting", key)
+            return self._leave(entry, waiter)
+        return True
+
+    def _leave(self, entry: _Entry[H], waiter: Waiter[H, Any]) -> bool:
+        """End ``waiter``'s wait; ``True`` if the claim reached it all the same."""
         with self._mutex:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = _Entry(thread)
-                thread.claimed[key] = entry
+            if waiter.state == WOKEN:
                 return True
-            if timeout == 0:
-                return False
-            waiter: Waiter[H, R] = Waiter(thread, request)
-            entry.waiters.append(waiter)
-        self._counters.add("local_waits")
-        if waiter.wait(timeout):
-            return True
-        with self._mutex:
-            chosen = entry.claimant is thread
-            if not chosen:
+            if waiter.state == QUEUED and waiter in entry.waiters:
                 entry.waiters.remove(waiter)
-        if chosen:
-            # Chosen just as the wait ran out: the hand-off under way ends soon.
-            waiter.wait(None)
-        return chosen
+            if waiter.state != CLOSED:
+                waiter.state = ABANDONED
+            return False
 
     def settle(self, key: str, hold: H) -> None:
         """Record that the claimant now holds ``key``."""
@@ -170,21 +214,53 @@ class Registry(Generic[H, R]):
         entry.hold = None
         entry.depth = 0
         with self._mutex:
-            if not entry.waiters:
-                del self._entries[key]
-                return None
-            waiter = entry.waiters.popleft()
-            entry.claimant = waiter.thread
-            waiter.thread.claimed[key] = entry
-            return waiter
+            return self._choose(key, entry)
 
-    def pass_on(self, key: str, waiter: Waiter[H, R], hold: H | None) -> None:
-        """Wake ``waiter`` with the claim on ``key`` and, if given, ``hold``."""
-        if hold is not None:
-            entry = waiter.thread.claimed[key]
-            entry.hold = hold
-            entry.depth = 1
-        waiter.wake()
+    def _choose(self, key: str, entry: _Entry[H]) -> Waiter[H, R] | None:
+        if not entry.waiters:
+            del self._entries[key]
+            return None
+        waiter = entry.waiters.popleft()
+        waiter.state = CHOSEN
+        return waiter
+
+    def pass_on(self, key: str, waiter: Waiter[H, R], hold: H | None) -> bool:
+        """Wake ``waiter``, chosen by ``successor``, with the claim and, if given, ``hold``.
+
+        Never raises. If the waiter left meanwhile, the claim goes to the next waiter
+        (or the entry is dropped) when there is no hold; a hold made for it comes back
+        to the caller, who holds the claim again and returns ``False``: it must pass
+        the hold on in turn.
+        """
+        with self._mutex:
+            entry = self._entries[key]
+            while waiter.state == ABANDONED:
+                if hold is not None:
+                    self._thread().claimed[key] = entry
+                    entry.hold = hold
+                    return False
+                chosen = self._choose(key, entry)
+                if chosen is None:
+                    return True
+                waiter = chosen
+            if hold is not None:
+                entry.hold = hold
+                entry.depth = 1
+            waiter.thread.claimed[key] = entry
+            waiter.state = WOKEN
+            waiter.wake()
+            return True
+
+    def close(self) -> None:
+        """Refuse new claims and send every waiter away with ``LockError``; holders
+        keep their holds."""
+        with self._mutex:
+            self._closed = True
+            for entry in self._entries.values():
+                while entry.waiters:
+                    waiter = entry.waiters.popleft()
+                    waiter.state = CLOSED
+                    waiter.wake()
 
     def __len__(self) -> int:
         """How many keys are claimed now."""

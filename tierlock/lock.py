@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +34,12 @@ def seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = 
 def _wait_time(blocking: bool, timeout: float | None) -> float | None:
     """threading.RLock.acquire's rules, with ``None`` also meaning "forever".
 
-    Returns the seconds to wait: ``None`` for no limit, ``0.0`` for no wait.
+    Returns the seconds to wait: ``None`` for no limit, ``0.0`` for no wait. Checked
+    before anything happens, as threading does.
     """
     if timeout is None or (blocking and timeout == -1):
         return None if blocking else 0.0
+    _check_representable(timeout)
     if not blocking:
         if timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
@@ -44,7 +47,17 @@ def _wait_time(blocking: bool, timeout: float | None) -> float | None:
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout < 0:
         raise ValueError("timeout value must be a non-negative number (or -1 for no limit)")
     limit: float = seconds("timeout", timeout, zero_ok=True)
-    return None if math.isinf(limit) else limit
+    return limit
+
+
+def _check_representable(timeout: object) -> None:
+    """threading refuses a timeout above ``threading.TIMEOUT_MAX`` (infinity included)."""
+    if (
+        isinstance(timeout, (int, float))
+        and not isinstance(timeout, bool)
+        and timeout > threading.TIMEOUT_MAX
+    ):
+        raise OverflowError("timeout value is too large")
 
 
 class Lock:
@@ -76,6 +89,7 @@ class Lock:
         self._manager = manager
         self._key = make_key(key)
         self._ttl: float | None = seconds("ttl", ttl, none_ok=True)
+        _check_representable(timeout)
         self._timeout: float | None = seconds("timeout", timeout, none_ok=True, zero_ok=True)
 
     @property

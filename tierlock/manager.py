@@ -3,6 +3,7 @@ manager's side of each ``Lock``."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -151,7 +152,9 @@ class LockManager:
         :param ttl: this handle's lease in seconds (default: the manager's).
         :param timeout: how long ``with`` waits before raising ``LockTimeout``
             (default: no limit). ``acquire()`` keeps threading's defaults.
+        :raises LockError: the manager is closed.
         """
+        self._check_open()
         return Lock(self, key, ttl=ttl, timeout=timeout)
 
     def synchronized(
@@ -170,6 +173,13 @@ class LockManager:
             make_key(key)
 
         def decorate(function: F) -> F:
+            if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+                # The lock would be held only while the coroutine object is made.
+                raise TypeError(
+                    f"synchronized() cannot guard {function.__qualname__}(), an async "
+                    "function: tierlock's locks belong to threads, and an asyncio API "
+                    "(tierlock.aio) is planned; until then, hold the lock in a thread"
+                )
             signature = inspect.signature(function)
             unknown = sorted(roots - signature.parameters.keys())
             if unknown:
@@ -223,7 +233,9 @@ class LockManager:
 
     def start_reaper(self, interval: float) -> None:
         """Reap every ``interval`` seconds in a background thread (restart if running)."""
-        self._reaper.start(seconds("interval", interval))
+        interval = seconds("interval", interval)
+        self._check_open()
+        self._reaper.start(interval)
 
     def stop_reaper(self) -> None:
         self._reaper.stop()
@@ -233,11 +245,16 @@ class LockManager:
         return self._reaper.running
 
     def close(self) -> None:
-        """Stop the reaper and close connections the manager opened.
+        """Stop the reaper, send waiting threads away and close every connection the
+        manager opened; closing again does nothing.
 
-        Holds still open are not released; their rows expire with their leases.
+        Threads waiting for a lock get ``LockError`` at once (a try already sent is
+        finished first, and a row it won is deleted), and so does every later call
+        that would reach the database. Holds still open are not released: their rows
+        expire with their leases, and their ``release()`` raises ``LockError``.
         """
         self._closed = True
+        self._registry.close()
         self._reaper.stop()
         self._backend.close()
 
@@ -255,9 +272,21 @@ class LockManager:
 
     # -- the two tiers -----------------------------------------------------------
 
-    def _acquire(self, key: str, ttl: float, wait: float | None) -> bool:
+    def _check_open(self, key: str | None = None) -> None:
         if self._closed:
             raise LockError("this LockManager is closed", key)
+
+    def _acquire(self, key: str, ttl: float, wait: float | None) -> bool:
+        self._check_open(key)
+        if asyncio._get_running_loop() is not None:
+            # Coroutines of one loop share its thread, so a thread-owned lock would
+            # let them all in at once, and a wait would stall the loop.
+            raise LockError(
+                "tierlock.Lock belongs to threads and cannot be acquired in a thread that "
+                "runs an asyncio event loop; call it from a worker thread "
+                "(asyncio.to_thread) until tierlock's asyncio API is available",
+                key,
+            )
         registry = self._registry
         if registry.reenter(key):
             self._counters.add("reentrant_acquisitions")
@@ -265,23 +294,46 @@ class LockManager:
             return True
         deadline = None if wait is None else time.monotonic() + wait
         request = _Request(Owner.current(), ttl)
-        if not registry.claim(key, wait, request):
-            return False
-        if registry.hold(key) is not None:
-            self._counters.add("acquisitions")
-            return True  # handed over by the previous holder of this process
+        owner_id = request.owner.owner_id
         try:
-            hold = self._acquire_remote(key, request, deadline)
-        except BaseException:
-            registry.unclaim(key)
+            if not registry.claim(key, wait, request):
+                return False
+            self._check_open(key)
+            if registry.hold(key) is None:  # (else handed over by a local holder)
+                hold = self._acquire_remote(key, request, deadline)
+                if hold is None:
+                    self._backend.discard(key, owner_id, certain=False)
+                    registry.unclaim(key)
+                    return False
+                registry.settle(key, hold)
+                logger.debug("acquired %r (token %d, owner %s)", key, hold.token, owner_id)
+        except BaseException as exc:
+            # An interrupt may have come at any point: after a statement was sent, or
+            # once a hand-off gave this thread the claim; pass on whatever it got.
+            self._abandon(key, owner_id, certain=not isinstance(exc, LockError))
             raise
+        self._counters.add("acquisitions")
+        return True
+
+    def _abandon(self, key: str, owner_id: str, *, certain: bool) -> None:
+        """Undo the calling thread's acquire of ``key`` that will not return a hold.
+
+        ``certain``: the acquire was cut short by an exception that is not tierlock's,
+        so a row of ``owner_id`` may exist that nothing confirmed.
+        """
+        registry = self._registry
+        if not registry.claims(key):
+            return  # it never left the queue, so it never talked to the database
+        hold = registry.hold(key)
         if hold is None:
             registry.unclaim(key)
-            return False
-        registry.settle(key, hold)
-        self._counters.add("acquisitions")
-        logger.debug("acquired %r (token %d, owner %s)", key, hold.token, hold.owner_id)
-        return True
+            self._backend.discard(key, owner_id, certain=certain)
+            return
+        registry.exit(key)
+        try:
+            self._let_go(key, hold)
+        except LockError as exc:
+            logger.warning("passing on %r after an interrupted acquire failed: %s", key, exc)
 
     def _acquire_remote(self, key: str, request: _Request, deadline: float | None) -> Hold | None:
         """Try the backend until it grants ``key`` or ``deadline`` passes.
@@ -297,10 +349,12 @@ class LockManager:
             if doorbell is not None:
                 doorbell.wait(COURTESY_PAUSE)
             while True:
+                self._check_open(key)
                 if doorbell is not None:
                     doorbell.arm()
                 sent = time.monotonic()
-                token = backend.try_acquire(key, owner, ttl)
+                limit = None if deadline is None else deadline - sent
+                token = backend.try_acquire(key, owner, ttl, limit)
                 if token is not None:
                     ring = None if doorbell is None else doorbell.keep()
                     return Hold(token, owner.owner_id, sent + ttl, contended=missed, ring=ring)
@@ -320,32 +374,47 @@ class LockManager:
                 doorbell.close()
 
     def _release(self, key: str) -> None:
-        registry = self._registry
-        hold = registry.exit(key)
+        hold = self._registry.exit(key)
         if hold is None:
             self._counters.add("releases")
             return  # an inner reentrant release
-        successor = registry.successor(key)
-        handed: Hold | None = None
-        try:
-            if successor is not None and hold.handoffs < COHORT_LIMIT:
-                handed = self._handoff(key, hold, successor.request)
-                released = handed is not None
-            else:
-                if successor is not None and (
-                    hold.contended or (hold.ring is None and self._backend.others_waiting(key))
-                ):
-                    successor.request.courteous = True
-                released = self._backend.release(key, hold.owner_id, hold.live_until)
-        finally:
-            if handed is None and hold.ring is not None:
-                hold.ring()  # the row left this process: wake pollers elsewhere
-            if successor is not None:
-                registry.pass_on(key, successor, handed)
-        if not released:
-            self._lost(key, hold, "its release")
+        self._let_go(key, hold)
         self._counters.add("releases")
         logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
+
+    def _let_go(self, key: str, hold: Hold) -> None:
+        """Pass the calling thread's last hold of ``key`` to the next local waiter, or
+        release it in the database. The waiter is woken whatever happens here."""
+        registry = self._registry
+        while True:
+            successor = registry.successor(key)
+            handed: Hold | None = None
+            try:
+                if successor is not None and hold.handoffs < COHORT_LIMIT:
+                    handed = self._handoff(key, hold, successor.request)
+                    released = handed is not None
+                else:
+                    if successor is not None and (
+                        hold.contended or (hold.ring is None and self._backend.others_waiting(key))
+                    ):
+                        successor.request.courteous = True
+                    released = self._backend.release(key, hold.owner_id, hold.live_until)
+            except LockError:
+                # Whether the row is still ours is unknown: make sure it goes.
+                self._backend.discard(key, hold.owner_id, certain=True)
+                raise
+            finally:
+                # Waking the successor comes first and cannot raise; ringing can.
+                passed = successor is None or registry.pass_on(key, successor, handed)
+                if handed is None and hold.ring is not None:
+                    hold.ring()  # the row left this process: wake pollers elsewhere
+            if passed:
+                break
+            # The successor left just as the hold was handed to it: pass it on in turn.
+            assert handed is not None
+            hold = handed
+        if not released:
+            self._lost(key, hold, "its release")
 
     def _handoff(self, key: str, hold: Hold, request: _Request) -> Hold | None:
         """Pass ``hold`` to a waiting thread of this process; ``None`` if it was lost."""

@@ -7,6 +7,7 @@ only takes, releases and inspects holds of keys, deciding expiry by its own cloc
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -25,9 +26,24 @@ class LockBackend(abc.ABC):
     """Holds of keys with leases. Methods raise only tierlock errors."""
 
     @abc.abstractmethod
-    def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
+    def try_acquire(
+        self, key: str, owner: Owner, ttl: float, limit: float | None = None
+    ) -> int | None:
         """Take ``key`` for ``owner`` for ``ttl`` seconds if it is free or its lease
-        has ended; return the hold's fencing token, or ``None`` if someone holds it."""
+        has ended; return the hold's fencing token, or ``None`` if someone holds it.
+
+        ``limit``: seconds the try may wait for the database's own locks (``None``:
+        the backend's usual bound).
+        """
+
+    @abc.abstractmethod
+    def discard(self, key: str, owner_id: str, *, certain: bool) -> None:
+        """No thread will use ``owner_id``'s hold of ``key``: make sure its row goes,
+        now or once the database can say that no statement for it is still under way.
+
+        ``certain``: a row may exist even if no try failed (the acquire was cut short
+        by an interrupt); otherwise only an owner id in doubt is swept.
+        """
 
     @abc.abstractmethod
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
@@ -94,14 +110,23 @@ class LockBackend(abc.ABC):
 
 class Doorbell:
     """Pauses of one poller of one key: ``arm()`` before each try, ``wait()`` after a
-    failed one; when the poller wins, ``keep()``; ``close()`` when done."""
+    failed one; when the poller wins, ``keep()``; ``close()`` when done.
+
+    This one only sleeps, cut short when ``closing`` (the backend's) is set.
+    """
+
+    def __init__(self, closing: threading.Event | None = None) -> None:
+        self._closing = closing
 
     def arm(self) -> None:
         pass
 
     def wait(self, seconds: float) -> bool:
         """Pause up to ``seconds``; ``True`` if woken early because the key may be free."""
-        time.sleep(seconds)
+        if self._closing is None:
+            time.sleep(seconds)
+        else:
+            self._closing.wait(seconds)
         return False
 
     def keep(self) -> Callable[[], None] | None:

@@ -57,6 +57,7 @@ class Listener:
 
     def close(self) -> None:
         self._stopped.set()
+        self._ring_all()  # pollers try once more, and see that the manager is closed
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(2 * LISTEN_SLICE)

@@ -15,12 +15,14 @@ thread waits (semantic 7). A failed statement is sorted into one of three kinds:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
+import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
 
@@ -30,11 +32,12 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlche
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.expression import ClauseElement
 
-from ..errors import BackendError
+from ..errors import BackendError, LockError
 from ..records import LockInfo, Owner
 from ..stats import Counters
 from . import Doorbell, LockBackend
 from .bells import Bells
+from .gate import Gate
 from .notify import Listener, channel_name
 from .sqltable import (
     MYSQL_FAMILY,
@@ -44,6 +47,7 @@ from .sqltable import (
     fencing_token,
     lock_table,
 )
+from .sweeper import Sweep, Sweeper
 from .watchdog import Watchdog
 
 __all__ = ["SQLBackend"]
@@ -56,6 +60,18 @@ T = TypeVar("T")
 # enough to ride over a pool of connections that a server restart made stale.
 ATTEMPTS = 4
 RETRY_PAUSE = 0.05
+# The longest pause between two tries of an operation that meets contention (SQLite's
+# one writer), which is retried until ``database_timeout`` runs out.
+LONGEST_RETRY_PAUSE = 0.5
+
+# How long one SQLite statement waits for the file's write lock before it reports
+# contention (to be tried again): short, so that an acquire keeps within its timeout
+# and a fork waits for at most this long (see ``_pause_for_fork``).
+SQLITE_BUSY_SLICE = 0.1
+# The least an acquire's try waits for that lock however close its deadline, as a try
+# on a server takes a round trip: without it a non-blocking acquire would fail whenever
+# any other process happened to be writing, even to another key.
+SQLITE_LEAST_BUSY_WAIT = 0.01
 
 _MYSQL_CONTENTION = {1205, 1213}  # lock wait timeout, deadlock
 _POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
@@ -137,11 +153,20 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
     return engine
 
 
-def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: object) -> None:
+def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
     # WAL lets readers run beside the one writer; the busy timeout makes a writer
-    # wait for the file lock instead of failing at once.
-    dbapi_connection.execute("PRAGMA busy_timeout = 10000")
+    # wait a little for the file lock before it reports contention.
+    _set_busy_timeout(dbapi_connection, record.info, SQLITE_BUSY_SLICE)
     dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+
+def _set_busy_timeout(connection: sqlite3.Connection, info: dict[str, Any], wait: float) -> None:
+    """Make SQLite statements on ``connection`` wait up to ``wait`` seconds for the write
+    lock; ``info`` (the pool's record of the connection) remembers the setting."""
+    milliseconds = round(wait * 1000)
+    if info.get("busy_ms") != milliseconds:
+        connection.execute(f"PRAGMA busy_timeout = {milliseconds:d}")
+        info["busy_ms"] = milliseconds
 
 
 def _utc(value: datetime | str) -> datetime:
@@ -211,18 +236,21 @@ class Queries:
     select_all: Query
     delete_key: Query
     delete_expired_batch: Query
+    session_alive: Query
 
 
 class _Link:
     """One pooled driver connection, lent to one try of one operation."""
 
-    __slots__ = ("_backend", "_commit", "_connection")
+    __slots__ = ("_backend", "_broken", "_commit", "_connection", "_session")
 
     def __init__(self, backend: SQLBackend, connection: PoolProxiedConnection) -> None:
         self._backend = backend
         self._connection = connection
         # An engine of the caller's may not be in autocommit mode: commit each statement.
         self._commit = not backend._owns_engine
+        self._broken = False  # a statement on it was cut short: its state is unknown
+        self._session: object = None
 
     def execute(self, query: Query, params: dict[str, Any] | None = None) -> Result:
         """Run ``query`` and read its whole result, so no cursor outlives the call."""
@@ -242,8 +270,44 @@ class _Link:
             if self._commit:
                 self._connection.commit()
         except backend._dbapi_error as exc:
+            self.remember_session()
             raise backend._failure(exc, query, self._connection) from exc
+        except BaseException:
+            # Interrupted, or the driver failed its own way: what the server got of the
+            # statement, and what of its reply is still unread, is unknown.
+            self.remember_session()
+            self._broken = True
+            raise
         return result
+
+    def remember_session(self) -> None:
+        """Note the server's id for this connection while it can still be read."""
+        if self._session is None:
+            self._session = self._backend._session_of(self._connection)
+
+    @property
+    def session(self) -> object:
+        """The server session id of the connection (``None`` on SQLite)."""
+        self.remember_session()
+        return self._session
+
+    def fileno(self) -> int:
+        driver_connection = self._connection.dbapi_connection
+        assert driver_connection is not None
+        fileno: int = driver_connection.fileno()
+        return fileno
+
+    def limit_busy_wait(self, seconds: float) -> None:
+        """SQLite: let the next statement wait at most ``seconds`` for the write lock."""
+        driver_connection = self._connection.dbapi_connection
+        assert isinstance(driver_connection, sqlite3.Connection)
+        _set_busy_timeout(driver_connection, self._connection.info, seconds)
+
+    def close(self) -> None:
+        if self._broken:
+            self._connection.invalidate()
+        else:
+            self._connection.close()
 
 
 class Result(NamedTuple):
@@ -290,6 +354,12 @@ class SQLBackend(LockBackend):
         self._listener: Listener | None = None
         self._watchdog: Watchdog | None = None
         self._bells: Bells | None = None
+        self._gate = Gate()
+        # Owner ids whose insert or hand-off may have reached the server unconfirmed,
+        # with the server sessions that carried it (see ``discard``).
+        self._doubts: dict[str, list[object]] = {}
+        self._sweeper = Sweeper(self._sweep)
+        self._closing = threading.Event()  # cuts SQLite pollers' pauses short at close
         channel = None
         if self.dialect_name == "postgresql":
             channel = channel_name(self.table.name)
@@ -299,10 +369,16 @@ class SQLBackend(LockBackend):
             self._bells = Bells(self._dedicated_connection, self.table.name, counters)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._dialect)
-        if create_table:
-            self._create_table()
-        if self.dialect_name in MYSQL_FAMILY:
-            self._check_autoinc_lock_mode()
+        if self.dialect_name == "sqlite":
+            _sqlite_backends.add(self)
+        self._gate.enter()
+        try:
+            if create_table:
+                self._create_table()
+            if self.dialect_name in MYSQL_FAMILY:
+                self._check_autoinc_lock_mode()
+        finally:
+            self._gate.leave()
 
     def _create_table(self) -> None:
         try:
@@ -397,23 +473,42 @@ class SQLBackend(LockBackend):
         key: str | None,
         attempt: Callable[[_Link, bool], T],
         on_contention: Callable[[], T] | None = None,
+        *,
+        owner: str | None = None,
     ) -> T:
         """Run ``attempt(link, uncertain)`` with retries, on a pooled connection each try.
 
         ``uncertain`` is True once an earlier try failed in a way that may have taken
         effect; ``on_contention`` gives the result for contention (else it is retried).
+        ``owner``: the owner id whose row the operation may create or take; a try cut
+        short after sending leaves it in doubt (see ``discard``), and an operation for
+        an owner id in doubt starts uncertain. Raises only tierlock errors, apart from
+        what interrupts it (``KeyboardInterrupt`` and the like).
         """
-        uncertain = False
+        self._gate.enter()
+        try:
+            return self._tries(what, key, attempt, on_contention, owner)
+        finally:
+            self._gate.leave()
+
+    def _tries(
+        self,
+        what: str,
+        key: str | None,
+        attempt: Callable[[_Link, bool], T],
+        on_contention: Callable[[], T] | None,
+        owner: str | None,
+    ) -> T:
+        uncertain = owner is not None and owner in self._doubts
         last: DBAPIError | None = None
         give_up = time.monotonic() + self.timeout
         tries = 0
-        while tries < ATTEMPTS and (not tries or time.monotonic() < give_up):
-            if tries:
-                time.sleep(RETRY_PAUSE * tries)
+        while True:
             tries += 1
+            link: _Link | None = None
             try:
-                with self._link() as link:
-                    return attempt(link, uncertain)
+                link = self._link()
+                return self._watched(link, attempt, uncertain)
             except DBAPIError as exc:
                 kind = self._kind(exc)
                 if kind == _FATAL:
@@ -422,29 +517,61 @@ class SQLBackend(LockBackend):
                     # (Once uncertain, retry instead: the next try checks by owner id.)
                     return on_contention()
                 logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
-                uncertain = uncertain or kind == _CONNECTION
+                if kind == _CONNECTION:
+                    self._doubt(owner, link)
+                    uncertain = True
                 last = exc
-            except SQLAlchemyError as exc:  # e.g. the pool timed out: nothing was sent
+            except LockError:
+                raise
+            except Exception as exc:  # e.g. the pool timed out, or a driver's own failure
+                self._doubt(owner, link)
                 raise BackendError(f"{what} failed: {exc}", key) from exc
-        assert last is not None
-        raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
+            except BaseException:
+                self._doubt(owner, link)
+                raise
+            finally:
+                if link is not None:
+                    link.close()
+            now = time.monotonic()
+            if now >= give_up or (kind == _CONNECTION and tries >= ATTEMPTS):
+                raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
+            time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, give_up - now))
 
-    @contextlib.contextmanager
-    def _link(self) -> Iterator[_Link]:
+    def _watched(self, link: _Link, attempt: Callable[[_Link, bool], T], uncertain: bool) -> T:
+        """``attempt`` on ``link``, cut off by the watchdog if the server does not answer."""
+        if self._watchdog is None:
+            return attempt(link, uncertain)
+        with self._watchdog.watch(link.fileno()):
+            return attempt(link, uncertain)
+
+    def _link(self) -> _Link:
+        """A pooled connection for one try; the caller closes it."""
         try:
             connection = self._engine.raw_connection()
         except self._dbapi_error as exc:
             raise self._failure(exc, None, None) from exc
+        if self.dialect_name == "sqlite":
+            driver_connection = connection.dbapi_connection
+            assert isinstance(driver_connection, sqlite3.Connection)
+            _set_busy_timeout(driver_connection, connection.info, SQLITE_BUSY_SLICE)
+        return _Link(self, connection)
+
+    def _doubt(self, owner: str | None, link: _Link | None) -> None:
+        """Record that a statement for ``owner`` may have reached the server on
+        ``link`` without an answer."""
+        if owner is not None and link is not None:
+            self._doubts.setdefault(owner, []).append(link.session)
+
+    def _session_of(self, connection: PoolProxiedConnection) -> object:
+        driver_connection = connection.dbapi_connection
         try:
-            if self._watchdog is None:
-                yield _Link(self, connection)
-            else:
-                driver_connection = connection.dbapi_connection
-                assert driver_connection is not None
-                with self._watchdog.watch(driver_connection.fileno()):
-                    yield _Link(self, connection)
-        finally:
-            connection.close()
+            if self.dialect_name in MYSQL_FAMILY:
+                return driver_connection.thread_id()  # type: ignore[union-attr]
+            if self.dialect_name == "postgresql":
+                return driver_connection.info.backend_pid  # type: ignore[union-attr]
+        except Exception:  # already closed: the server saw its end
+            pass
+        return None
 
     # -- holds -------------------------------------------------------------------
 
@@ -462,7 +589,9 @@ class SQLBackend(LockBackend):
         rows = link.execute(self.queries.select_owned_token, {"key": key, "owner": owner_id}).rows
         return fencing_token(*rows[0]) if rows else None
 
-    def try_acquire(self, key: str, owner: Owner, ttl: float) -> int | None:
+    def try_acquire(
+        self, key: str, owner: Owner, ttl: float, limit: float | None = None
+    ) -> int | None:
         params = {
             "key": key,
             "owner": owner.owner_id,
@@ -473,6 +602,9 @@ class SQLBackend(LockBackend):
             "ttl": ttl,
         }
         queries = self.queries
+        busy_wait = None
+        if self.dialect_name == "sqlite" and limit is not None and limit < SQLITE_BUSY_SLICE:
+            busy_wait = max(limit, SQLITE_LEAST_BUSY_WAIT)
 
         def attempt(link: _Link, uncertain: bool) -> int | None:
             if uncertain:
@@ -480,14 +612,23 @@ class SQLBackend(LockBackend):
                 token = self._owned_token(link, key, owner.owner_id)
                 if token is not None:
                     return token
+            if busy_wait is not None:
+                link.limit_busy_wait(busy_wait)
             token = self._insert(link, params)
             if token is None and link.execute(queries.delete_expired_key, params).rowcount:
                 logger.warning("lock %r: took over a hold whose lease had ended", key)
                 self.counters.add("takeovers")
                 token = self._insert(link, params)
+            if token is not None and self._gate.shut:
+                # Won just as the manager closed: nobody will hold it.
+                link.execute(queries.delete_owned, params)
+                return None
             return token
 
-        return self._run("acquire", key, attempt, on_contention=lambda: None)
+        token = self._run("acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id)
+        if token is not None and self._doubts:
+            self._doubts.pop(owner.owner_id, None)
+        return token
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}
@@ -524,7 +665,36 @@ class SQLBackend(LockBackend):
             # The row was exactly as our hold left it, so its token is ours plus one.
             return token + 1
 
-        return self._run("handoff", key, attempt)
+        # A hand-off whose outcome stays unknown leaves the successor's owner id in
+        # doubt: the successor's own first try then looks for the row under it.
+        handed = self._run("handoff", key, attempt, owner=successor.owner_id)
+        if self._doubts:
+            self._doubts.pop(successor.owner_id, None)
+        return handed
+
+    def discard(self, key: str, owner_id: str, *, certain: bool) -> None:
+        sessions = self._doubts.pop(owner_id, None) if self._doubts else None
+        if sessions is None and not certain:
+            return
+        alive = tuple(session for session in sessions or () if session is not None)
+        give_up = time.monotonic() + self.timeout * 1.5
+        self._sweeper.add(Sweep(key, owner_id, alive, give_up))
+
+    def _sweep(self, item: Sweep) -> bool:
+        """Delete ``item``'s row once its sessions are over; ``False``: not yet."""
+        queries = self.queries
+        params = {"key": item.key, "owner": item.owner_id}
+
+        def attempt(link: _Link, uncertain: bool) -> bool:
+            if item.sessions and time.monotonic() < item.give_up:
+                for session in item.sessions:
+                    if link.execute(queries.session_alive, {"session": session}).rows:
+                        return False
+            if link.execute(queries.delete_owned, params).rowcount:
+                logger.warning("lock %r: deleted a row its interrupted owner left", item.key)
+            return True
+
+        return self._run("sweep", item.key, attempt)
 
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:
         params = {"key": key, "owner": owner_id, "ttl": ttl}
@@ -580,7 +750,7 @@ class SQLBackend(LockBackend):
             return self._listener.doorbell(key)
         if self._bells is not None:
             return self._bells.doorbell(key)
-        return super().doorbell(key)
+        return Doorbell(self._closing)
 
     def others_waiting(self, key: str) -> bool:
         return self._bells is not None and self._bells.waiting(key)
@@ -601,6 +771,10 @@ class SQLBackend(LockBackend):
     def after_fork(self) -> None:
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
         self._base_engine.dispose(close=False)
+        # Another thread may have held the gate's own mutex at the fork.
+        self._gate = Gate(shut=self._gate.shut)
+        self._doubts = {}
+        self._sweeper.forget()  # the parent sweeps its own rows
         if self._listener is not None:
             self._listener.forget()
         if self._watchdog is not None:
@@ -609,11 +783,41 @@ class SQLBackend(LockBackend):
             self._bells.forget()
 
     def close(self) -> None:
+        if self._gate.shut:
+            return
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.close()  # (which wakes its pollers first)
+        self._gate.close(self.timeout * 1.5)
+        self._sweeper.finish(self.timeout)
+        self._gate.seal()
         if self._bells is not None:
             self._bells.close()
         if self._watchdog is not None:
             self._watchdog.close()
-        if self._listener is not None:
-            self._listener.close()
         if self._owns_engine:
             self._base_engine.dispose()
+        _sqlite_backends.discard(self)
+
+
+# SQLite runs in the process, and its global mutexes are copied into a forked child
+# locked if a thread of the parent was inside SQLite at that moment: the child then
+# hangs on its first statement. So a fork waits until no tierlock statement on SQLite
+# is under way, and holds new ones back until it is done.
+_sqlite_backends: weakref.WeakSet[SQLBackend] = weakref.WeakSet()
+# The longest a fork waits for statements under way (each waits at most
+# SQLITE_BUSY_SLICE for the write lock).
+FORK_WAIT = 5.0
+
+
+def _pause_for_fork() -> None:
+    for backend in list(_sqlite_backends):
+        backend._gate.pause(FORK_WAIT)
+
+
+def _resume_after_fork() -> None:
+    for backend in list(_sqlite_backends):
+        backend._gate.resume()
+
+
+os.register_at_fork(before=_pause_for_fork, after_in_parent=_resume_after_fork)

@@ -192,6 +192,14 @@ def _expired(table: Table) -> ColumnElement[bool]:
     return table.c.expires_at <= utc_now()
 
 
+_SESSION_ALIVE = {
+    "mysql": "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = :session",
+    "mariadb": "SELECT ID FROM information_schema.PROCESSLIST WHERE ID = :session",
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE pid = :session",
+    "sqlite": "SELECT 1 WHERE 0 = :session",
+}
+
+
 class Statements:
     """Every statement for one table and dialect. Bound parameter names: ``key``,
     ``owner``, ``ttl`` (seconds), ``new_owner``, and for the holder's record
@@ -295,6 +303,12 @@ class Statements:
         columns = [*table.c, _expired(table).label("expired")]
         self.select_info: Select[Any] = select(*columns).where(key_is)
         self.select_all: Select[Any] = select(*columns).order_by(c.lock_key)
+
+        # session_alive(session): a row while the server session with this id (MySQL's
+        # connection id, PostgreSQL's backend pid) exists; SQLite has no sessions.
+        self.session_alive = text(_SESSION_ALIVE[dialect_name]).bindparams(
+            bindparam("session", type_=BigInteger)
+        )
 
         # delete_key(key): 1 row if the key had a hold, whoever's; 0 rows if free.
         self.delete_key = delete(table).where(key_is)
