@@ -339,7 +339,9 @@ class SQLBackend(LockBackend):
         columns = {column["name"] for column in inspect(self._engine).get_columns(self.table.name)}
         if "handoffs" in columns:
             return
-        ddl = f"ALTER TABLE {self.table.name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
+        # Quoted as CREATE TABLE quoted it: PostgreSQL folds a bare MixedCase to lower case.
+        name = self._dialect.identifier_preparer.format_table(self.table)
+        ddl = f"ALTER TABLE {name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
         try:
             with self._engine.connect() as connection:
                 connection.exec_driver_sql(ddl)
