@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import MetaData, create_engine, event, inspect
-from sqlalchemy.engine import Dialect, Engine, make_url
+from sqlalchemy.engine import URL, Dialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.expression import ClauseElement
@@ -111,11 +111,7 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
     }
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        if parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory":
-            raise ValueError(
-                "an in-memory SQLite database is private to one connection and cannot "
-                "hold locks; give a file, for example sqlite:///tierlock.db"
-            )
+        _refuse_memory_database(parsed)
     elif backend not in (*MYSQL_FAMILY, "postgresql"):
         raise ValueError(
             f"unsupported database {backend!r} in {parsed!r}: "
@@ -134,6 +130,30 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
         raise ValueError(f"cannot use {parsed!r}: {exc}") from exc
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _refuse_memory_database(url: URL) -> None:
+    if url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    ):
+        raise ValueError(
+            "an in-memory SQLite database is private to one connection and cannot "
+            "hold locks; give a file, for example sqlite:///tierlock.db"
+        )
+
+
+def _usable_engine(engine: object) -> Engine:
+    """``engine`` if tierlock can use it; else a clear error now, rather than an
+    AttributeError, or every thread failing later on a table it cannot see."""
+    if not isinstance(engine, Engine):
+        if isinstance(getattr(engine, "sync_engine", None), Engine):
+            raise TypeError(
+                f"engine is an asyncio {type(engine).__name__}; tierlock's asyncio API is "
+                "to come, until then pass engine.sync_engine"
+            )
+        raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
+    _refuse_memory_database(engine.url)
     return engine
 
 
@@ -281,7 +301,7 @@ class SQLBackend(LockBackend):
         else:
             if url is not None:
                 raise ValueError("give a database URL or an engine, not both")
-            self._base_engine = engine
+            self._base_engine = _usable_engine(engine)
             self._owns_engine = False
             self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect_name = self._engine.dialect.name
