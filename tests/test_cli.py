@@ -232,12 +232,29 @@ def test_reap_deletes_only_expired_rows(
         stale.release()
 
 
-@pytest.mark.parametrize("url", CLOSED_PORT_URLS)
-@pytest.mark.parametrize("command", [["ls"], ["reap"], ["release", "k", "--force"], ["init"]])
-def test_unreachable_server_is_one_line(url: str, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        *((url, "Connection refused") for url in CLOSED_PORT_URLS),
+        ("sqlite:///{tmp_path}/missing/locks.db", "unable to open database file"),
+    ],
+    ids=["mariadb", "postgresql", "sqlite"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["reap"], ["release", "k", "--force"], ["init"]],
+    ids=["ls", "reap", "release", "init"],
+)
+def test_unreachable_database_is_one_line(
+    url: str, reason: str, command: list[str], tmp_path: Path
+) -> None:
+    """The same words on every database, then the driver's reason."""
+    url = url.format(tmp_path=tmp_path)
     result = invoke("--url", url, *command)
-    check_one_line_error(result, url.replace(":secret@", ":***@"), "refused")
+    shown = url.replace(":secret@", ":***@")
+    check_one_line_error(result, f"{shown}: cannot reach the database: ", reason)
     assert "secret" not in result.stderr
+    assert not (tmp_path / "missing").exists()
 
 
 @pytest.mark.parametrize(

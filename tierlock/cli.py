@@ -93,9 +93,10 @@ class Target:
     def manager(self) -> LockManager:
         """A manager for admin work: it neither creates the table nor reaps by itself."""
         parsed = self.parsed
-        # Opening a missing SQLite file would create an empty one.
+        # Opening a missing SQLite file would create an empty one. (Where none can be
+        # created, SQLite's own error says that the database is out of reach.)
         sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
-        if sqlite_file and not Path(sqlite_file).exists():
+        if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
             raise Failure(self.missing_table())
         return LockManager(self.url, table=self.table, create_table=False, reaper_interval=None)
 

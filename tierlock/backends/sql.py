@@ -157,6 +157,12 @@ def _usable_engine(engine: object) -> Engine:
     return engine
 
 
+def _unreachable(exc: DBAPIError) -> str:
+    """The message for a database out of reach: the same words on every database, so
+    that people and log searches find them, then the driver's reason."""
+    return f"cannot reach the database: {exc.orig}"
+
+
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: object) -> None:
     # WAL lets readers run beside the one writer; the busy timeout makes a writer
     # wait for the file lock instead of failing at once.
@@ -326,11 +332,17 @@ class SQLBackend(LockBackend):
 
     def _create_table(self) -> None:
         try:
-            self.table.create(self._engine, checkfirst=True)
+            connection = self._engine.connect()
         except DBAPIError as exc:
-            # Another process may have created it between the check and CREATE.
-            if not self._has_table():
-                raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
+            raise BackendError(_unreachable(exc)) from exc
+        with connection:
+            try:
+                self.table.create(connection, checkfirst=True)
+            except DBAPIError as exc:
+                # Another process may have created it between the check and CREATE.
+                if not self._has_table():
+                    message = f"cannot create table {self.table.name!r}: {exc.orig}"
+                    raise BackendError(message) from exc
         self._add_handoffs_column()
 
     def _check_autoinc_lock_mode(self) -> None:
@@ -340,7 +352,7 @@ class SQLBackend(LockBackend):
             with self._engine.connect() as connection:
                 mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
         except DBAPIError as exc:
-            raise BackendError(f"cannot reach the database: {exc.orig}") from exc
+            raise BackendError(_unreachable(exc)) from exc
         if mode == 2:
             logger.warning(
                 "innodb_autoinc_lock_mode is 2 (interleaved): fencing tokens of lock table "
@@ -413,6 +425,19 @@ class SQLBackend(LockBackend):
             return _CONNECTION
         return _FATAL
 
+    def _message(self, what: str, exc: DBAPIError, tries: int = 1) -> str:
+        """What a ``BackendError`` says of ``exc``, which ended ``tries`` of ``what``. A
+        database out of reach (a server's connection error, or SQLite unable to open
+        its file) reads the same on every database: see ``_unreachable``."""
+        orig = exc.orig
+        if (
+            self._kind(exc) == _CONNECTION
+            or getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_CANTOPEN
+        ):
+            return _unreachable(exc)
+        after = f" after {tries} tries" if tries > 1 else ""
+        return f"{what} failed{after}: {orig}"
+
     def _run(
         self,
         what: str,
@@ -439,7 +464,7 @@ class SQLBackend(LockBackend):
             except DBAPIError as exc:
                 kind = self._kind(exc)
                 if kind == _FATAL:
-                    raise BackendError(f"{what} failed: {exc.orig}", key) from exc
+                    raise BackendError(self._message(what, exc), key) from exc
                 if kind == _CONTENTION and on_contention is not None and not uncertain:
                     # (Once uncertain, retry instead: the next try checks by owner id.)
                     return on_contention()
@@ -449,7 +474,7 @@ class SQLBackend(LockBackend):
             except SQLAlchemyError as exc:  # e.g. the pool timed out: nothing was sent
                 raise BackendError(f"{what} failed: {exc}", key) from exc
         assert last is not None
-        raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
+        raise BackendError(self._message(what, last, tries), key) from last
 
     @contextlib.contextmanager
     def _link(self) -> Iterator[_Link]:
