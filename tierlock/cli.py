@@ -319,7 +319,10 @@ def _ddl(target: Target) -> str:
 
 def _server_dialect(url: URL) -> Dialect | None:
     """The dialect as connecting to ``url`` sets it up, or ``None`` if that fails."""
-    connect_args = {} if "connect_timeout" in url.query else {"connect_timeout": PROBE_TIMEOUT}
+    # Connecting also sends a few queries, so a server that stops answering after the
+    # handshake must not hold the command either; options in the URL take precedence.
+    timeouts = ("connect_timeout", "read_timeout", "write_timeout")
+    connect_args = {name: PROBE_TIMEOUT for name in timeouts if name not in url.query}
     engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.connect() as connection:
