@@ -116,17 +116,52 @@ def test_init_print_sql_is_the_committed_ddl(url: str, sql_file: str, tmp_path: 
     assert not (tmp_path / "never-opened.db").exists()
 
 
-def test_init_print_sql_follows_the_table_name_and_mysql_flavour() -> None:
-    result = invoke(
-        "--url", "mysql+pymysql://root@db/test", "init", "--print-sql", "--table", "jobs"
-    )
+def test_init_print_sql_follows_the_table_name_and_gives_both_mysql_flavours() -> None:
+    """A mysql:// URL serves MariaDB and MySQL 8, which name the binary collation
+    differently; with no server to ask, both tables are printed, each under a comment."""
+    url = CLOSED_PORT_URLS[0]
+    result = invoke("--url", url, "init", "--print-sql", "--table", "jobs")
     assert result.exit_code == 0, result.output
     statements = split(result.stdout)
-    assert statements[0].startswith("CREATE TABLE jobs (")
-    assert "CONSTRAINT uq_jobs_lock_key UNIQUE (lock_key)" in statements[0]
-    assert "COLLATE utf8mb4_0900_bin" in statements[0]  # MySQL 8; a comment names MariaDB's
-    assert "utf8mb4_nopad_bin" in result.stdout
-    assert statements[1] == "CREATE INDEX ix_jobs_expires_at ON jobs (expires_at)"
+    assert len(statements) == 4
+    for statement, collation in zip(statements[::2], ["nopad_bin", "0900_bin"], strict=True):
+        assert statement.startswith("CREATE TABLE jobs (")
+        assert "CONSTRAINT uq_jobs_lock_key UNIQUE (lock_key)" in statement
+        assert f"COLLATE utf8mb4_{collation} NOT NULL" in statement
+    assert statements[1] == statements[3] == "CREATE INDEX ix_jobs_expires_at ON jobs (expires_at)"
+    # Each part under its comment: MariaDB's first, then MySQL's.
+    out = result.stdout
+    assert (
+        out.index("-- For MariaDB:")
+        < out.index("utf8mb4_nopad_bin")
+        < out.index("-- For MySQL 8:")
+        < out.index("utf8mb4_0900_bin")
+    )
+    assert "secret" not in out
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+def test_init_print_sql_asks_a_mysql_url_s_server(
+    db_url: str, table: str, engine: Engine, key: str
+) -> None:
+    """README gives MariaDB a mysql+pymysql:// URL: the DDL printed for it must be what
+    that server takes, MariaDB's collation and not MySQL 8's."""
+    result = invoke("--url", db_url, "--table", table, "init", "--print-sql")
+    assert result.exit_code == 0, result.output
+    assert not has_table(engine, table), "--print-sql must not create the table"
+    statements = split(result.stdout)
+    assert len(statements) == 2
+    with engine.begin() as connection:
+        for statement in statements:
+            connection.exec_driver_sql(statement)
+    with (
+        tierlock.LockManager(
+            db_url, table=table, create_table=False, reaper_interval=None
+        ) as locks,
+        locks.lock(key) as lock,
+    ):
+        assert lock.token is not None
 
 
 def test_ls_shows_every_holder(
@@ -197,12 +232,29 @@ def test_reap_deletes_only_expired_rows(
         stale.release()
 
 
-@pytest.mark.parametrize("url", CLOSED_PORT_URLS)
-@pytest.mark.parametrize("command", [["ls"], ["reap"], ["release", "k", "--force"], ["init"]])
-def test_unreachable_server_is_one_line(url: str, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        *((url, "Connection refused") for url in CLOSED_PORT_URLS),
+        ("sqlite:///{tmp_path}/missing/locks.db", "unable to open database file"),
+    ],
+    ids=["mariadb", "postgresql", "sqlite"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [["ls"], ["reap"], ["release", "k", "--force"], ["init"]],
+    ids=["ls", "reap", "release", "init"],
+)
+def test_unreachable_database_is_one_line(
+    url: str, reason: str, command: list[str], tmp_path: Path
+) -> None:
+    """The same words on every database, then the driver's reason."""
+    url = url.format(tmp_path=tmp_path)
     result = invoke("--url", url, *command)
-    check_one_line_error(result, url.replace(":secret@", ":***@"), "refused")
+    shown = url.replace(":secret@", ":***@")
+    check_one_line_error(result, f"{shown}: cannot reach the database: ", reason)
     assert "secret" not in result.stderr
+    assert not (tmp_path / "missing").exists()
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,8 @@ ACQUIRE_TIMEOUT = 5.0
 DATABASE_TIMEOUT = 2.0
 # The lease of holds a test waits out.
 SHORT_TTL = 1.0
+# How a BackendError begins on every database when the server is out of reach.
+CANNOT_REACH = "cannot reach the database: "
 
 
 @pytest.fixture
@@ -190,6 +192,7 @@ def test_server_lost_for_good_raises_backend_error(
     # Reported, not treated as contention and waited out.
     assert time.monotonic() - started < 3 * DATABASE_TIMEOUT
     assert acquire_error.value.key == other.key
+    assert str(acquire_error.value).startswith(CANNOT_REACH)
     assert isinstance(acquire_error.value.__cause__, DBAPIError)
     assert proxy.fired >= 1
     assert not other.owned()
@@ -199,6 +202,7 @@ def test_server_lost_for_good_raises_backend_error(
     with pytest.raises(tierlock.BackendError) as release_error:
         held.release()
     assert time.monotonic() - started < 3 * DATABASE_TIMEOUT
+    assert str(release_error.value).startswith(CANNOT_REACH)
     assert isinstance(release_error.value.__cause__, DBAPIError)
     assert not held.owned()  # released locally all the same
     left = direct.info(key)  # the row waits for its lease to end, which may have come
@@ -351,5 +355,6 @@ def test_database_timeout_bounds_an_operation(
     assert took < 3 * DATABASE_TIMEOUT, f"acquire still ran after {took:.1f} s"
     assert len(outcome) == 1
     assert isinstance(outcome[0], tierlock.BackendError), outcome
+    assert str(outcome[0]).startswith(CANNOT_REACH)
     if fault == "stall":
         assert took >= DATABASE_TIMEOUT / 2

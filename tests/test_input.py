@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import SingletonThreadPool
 
 import tierlock
 
@@ -144,6 +147,49 @@ def test_bad_manager_options_name_the_option(db_url: str, engine: Engine, table:
 def test_unusable_urls_are_rejected(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tierlock.LockManager(url, reaper_interval=None)
+
+
+def _async_engine() -> AsyncEngine:
+    # psycopg has an asyncio driver; nothing connects, so no server is needed.
+    return create_async_engine("postgresql+psycopg://postgres@127.0.0.1:1/test")
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: "sqlite:///locks.db", TypeError, "must be a SQLAlchemy Engine, not str"),
+        (object, TypeError, "must be a SQLAlchemy Engine, not object"),
+        (_async_engine, TypeError, r"AsyncEngine.*asyncio API is to come.*engine\.sync_engine"),
+        (lambda: create_engine("sqlite://"), ValueError, "in-memory"),
+        (lambda: create_engine("sqlite:///:memory:"), ValueError, "in-memory"),
+        (
+            lambda: create_engine(
+                "sqlite:///file:x?mode=memory&uri=true", poolclass=SingletonThreadPool
+            ),
+            ValueError,
+            "in-memory",
+        ),
+    ],
+    ids=["url-string", "object", "async-engine", "memory", "memory-named", "memory-uri"],
+)
+def test_unusable_engines_are_rejected(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make: Callable[[], object],
+    error: type[Exception],
+    message: str,
+) -> None:
+    """A clear error at once, rather than an AttributeError, or threads failing later
+    on a table that each connection to an in-memory database lacks."""
+    monkeypatch.chdir(tmp_path)  # where a relative SQLite file would appear
+    engine = make()
+    try:
+        with pytest.raises(error, match=message):
+            tierlock.LockManager(engine=engine, reaper_interval=None)  # type: ignore[arg-type]
+    finally:
+        if isinstance(engine, Engine):
+            engine.dispose()
+    assert list(tmp_path.iterdir()) == []
 
 
 EXACT_KEYS = [

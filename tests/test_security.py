@@ -3,20 +3,24 @@ owner (or an explicit ``force_release``) ever removes a hold.
 
 Beside ``test_input.py`` (bad arguments) and ``test_lock.py`` (another thread of the
 same manager): table names built to inject SQL, keys and thread names that carry SQL or
-LIKE wildcards, and a second manager trying to release, extend or reap a live hold.
+LIKE wildcards, thread and host names no database can store as they are, and a second
+manager trying to release, extend or reap a live hold.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+from polling import wait_until
 from sqlalchemy import Column, Integer, MetaData, Table, inspect
 from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.records import _hostname
 
 MakeManager = Callable[..., tierlock.LockManager]
 
@@ -123,3 +127,95 @@ def test_thread_names_are_stored_verbatim(manager: tierlock.LockManager, key: st
     thread.join(10)
     assert len(seen) == 1 and seen[0] is not None
     assert seen[0].thread_name == name
+
+
+# Names that only describe a holder, as given and as they are stored: a lone surrogate
+# (what os.fsdecode makes of undecodable bytes) cannot be encoded, PostgreSQL refuses
+# NUL in text, and an escaped name may outgrow the 255-character column.
+ODD_NAMES = [
+    pytest.param("\udc80", "\\udc80", id="lone-surrogate"),
+    pytest.param("nul\x00inside", "nulinside", id="nul"),
+    pytest.param("\udc80" * 100, ("\\udc80" * 100)[:255], id="long-once-escaped"),
+]
+
+
+@pytest.mark.parametrize(("name", "stored"), ODD_NAMES)
+def test_odd_thread_names_are_stored_safely(
+    manager: tierlock.LockManager, key: str, name: str, stored: str
+) -> None:
+    seen: list[tierlock.LockInfo | None] = []
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with manager.lock(key):
+                seen.append(manager.info(key))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=hold, name=name)
+    thread.start()
+    thread.join(20)
+    assert errors == []
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].thread_name == stored
+    assert manager.info(key) is None
+
+
+@pytest.mark.parametrize(("name", "stored"), ODD_NAMES)
+def test_odd_thread_name_of_a_waiter_survives_the_hand_off(
+    manager: tierlock.LockManager, key: str, name: str, stored: str
+) -> None:
+    """The hand-off UPDATE is sent by the releasing thread with the waiter's name, so a
+    name the database cannot take would break the holder's release."""
+    lock = manager.lock(key)
+    assert lock.acquire()
+    seen: list[tierlock.LockInfo | None] = []
+    errors: list[BaseException] = []
+
+    def wait_in_line() -> None:
+        try:
+            assert lock.acquire(timeout=20)
+            seen.append(manager.info(key))
+            lock.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait_in_line, name=name)
+    waiter.start()
+    wait_until(lambda: manager.stats().local_waits == 1, "the waiter to queue")
+    lock.release()
+    waiter.join(20)
+    assert errors == []
+    assert manager.stats().handoffs == 1
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].thread_name == stored
+    assert manager.info(key) is None
+
+
+@pytest.fixture
+def fresh_hostname() -> Iterator[None]:
+    """The host name is read once per process; read it again in this test and after."""
+    _hostname.cache_clear()
+    yield
+    _hostname.cache_clear()
+
+
+@pytest.mark.usefixtures("fresh_hostname")
+@pytest.mark.parametrize(
+    ("host", "stored"),
+    [
+        pytest.param("host\x00name", "hostname", id="nul"),
+        pytest.param("host\udcff", "host\\udcff", id="lone-surrogate"),
+    ],
+)
+def test_odd_host_names_are_stored_safely(
+    make_manager: MakeManager, key: str, monkeypatch: pytest.MonkeyPatch, host: str, stored: str
+) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    manager = make_manager()
+    with manager.lock(key):
+        info = manager.info(key)
+        assert info is not None
+        assert info.host == stored
+    assert manager.info(key) is None

@@ -8,7 +8,8 @@ as soon as either drifts; then it is run on the real server and a manager with
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -137,4 +138,28 @@ def test_table_without_handoffs_column_is_upgraded(
     with manager.lock("user:1") as lock:
         assert lock.token is not None
     columns = {column["name"] for column in inspect(engine).get_columns(table)}
+    assert "handoffs" in columns
+
+
+@pytest.fixture
+def mixed_case_table(engine: Engine) -> Iterator[str]:
+    """A table name that only works quoted on PostgreSQL, which folds bare names to
+    lower case; dropped afterwards."""
+    name = f"MixedCase_{uuid.uuid4().hex[:16]}"
+    yield name
+    lock_table(name).drop(engine, checkfirst=True)
+
+
+def test_mixed_case_table_without_handoffs_column_is_upgraded(
+    make_manager: Callable[..., tierlock.LockManager], engine: Engine, mixed_case_table: str
+) -> None:
+    lock_table(mixed_case_table).create(engine)
+    quoted = engine.dialect.identifier_preparer.quote(mixed_case_table)
+    with engine.begin() as connection:
+        connection.execute(text(f"ALTER TABLE {quoted} DROP COLUMN handoffs"))
+    manager = make_manager(table=mixed_case_table)
+    with manager.lock("user:1") as lock:
+        assert lock.token is not None
+        assert manager.info("user:1") is not None
+    columns = {column["name"] for column in inspect(engine).get_columns(mixed_case_table)}
     assert "handoffs" in columns

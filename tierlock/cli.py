@@ -22,8 +22,12 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import Table as SQLTable
+from sqlalchemy import create_engine
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 from . import __version__
@@ -48,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 URL_ENV = "TIERLOCK_URL"
 TABLE_ENV = "TIERLOCK_TABLE"
 SUPPORTED = ("sqlite", *MYSQL_FAMILY, "postgresql")
+# Seconds `init --print-sql` waits for a mysql:// server to say whether it is MariaDB.
+PROBE_TIMEOUT = 5
 
 
 class Failure(click.ClickException):
@@ -87,9 +93,10 @@ class Target:
     def manager(self) -> LockManager:
         """A manager for admin work: it neither creates the table nor reaps by itself."""
         parsed = self.parsed
-        # Opening a missing SQLite file would create an empty one.
+        # Opening a missing SQLite file would create an empty one. (Where none can be
+        # created, SQLite's own error says that the database is out of reach.)
         sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
-        if sqlite_file and not Path(sqlite_file).exists():
+        if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
             raise Failure(self.missing_table())
         return LockManager(self.url, table=self.table, create_table=False, reaper_interval=None)
 
@@ -276,7 +283,9 @@ def init(target: Target, print_sql: bool) -> None:
 
 
 def _ddl(target: Target) -> str:
-    """The DDL the manager would send, compiled for the URL's dialect offline."""
+    """The DDL the manager would send, compiled for the URL's dialect without a table
+    being made. MariaDB and MySQL 8 name their binary collation differently, so a
+    mysql:// URL, which serves both, asks the server which it is, or gives both."""
     parsed = target.parsed
     if parsed.get_backend_name() not in SUPPORTED:
         raise Failure(f"unsupported database {parsed.get_backend_name()!r} in {target.shown}")
@@ -285,17 +294,53 @@ def _ddl(target: Target) -> str:
     except SQLAlchemyError as exc:
         raise Failure(f"cannot use {target.shown}: {exc}") from exc
     table = lock_table(target.table)
+    if dialect.name == "mysql":
+        server = _server_dialect(parsed)
+        if server is None:
+            return "\n".join(
+                [
+                    f"-- tierlock lock table {table.name} for mysql",
+                    "-- The server could not be reached to tell MariaDB from MySQL, so here",
+                    "-- are both; they differ only in lock_key's collation.",
+                    "",
+                    "-- For MariaDB:",
+                    *_ddl_lines(table, mysql.dialect(is_mariadb=True)),
+                    "",
+                    "-- For MySQL 8:",
+                    *_ddl_lines(table, mysql.dialect()),
+                ]
+            )
+        dialect = server
+    flavour = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
+    return "\n".join(
+        [f"-- tierlock lock table {table.name} for {flavour}", *_ddl_lines(table, dialect)]
+    )
+
+
+def _server_dialect(url: URL) -> Dialect | None:
+    """The dialect as connecting to ``url`` sets it up, or ``None`` if that fails."""
+    # Connecting also sends a few queries, so a server that stops answering after the
+    # handshake must not hold the command either; options in the URL take precedence.
+    timeouts = ("connect_timeout", "read_timeout", "write_timeout")
+    connect_args = {name: PROBE_TIMEOUT for name in timeouts if name not in url.query}
+    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        with engine.connect() as connection:
+            return connection.dialect
+    except (SQLAlchemyError, ImportError):  # (ImportError: the URL's driver is missing)
+        return None
+    finally:
+        engine.dispose()
+
+
+def _ddl_lines(table: SQLTable, dialect: Dialect) -> list[str]:
     elements: list[ExecutableDDLElement] = [CreateTable(table)]
     elements += [CreateIndex(index) for index in sorted(table.indexes, key=str)]
-    lines = [f"-- tierlock lock table {table.name} for {dialect.name}"]
-    if dialect.name == "mysql":
-        lines.append(
-            "-- On MariaDB use a mariadb+pymysql:// URL: lock_key needs utf8mb4_nopad_bin."
-        )
+    lines: list[str] = []
     for element in elements:
         statement = str(element.compile(dialect=dialect)).strip().expandtabs(4)
         lines += ["", "\n".join(line.rstrip() for line in statement.splitlines()) + ";"]
-    return "\n".join(lines)
+    return lines
 
 
 @main.command("ls")

@@ -92,7 +92,8 @@ class LockManager:
 
     :param url: a SQLAlchemy database URL; ``sqlite:///tierlock.db`` if neither it
         nor ``engine`` is given. Engines made from a URL run in autocommit mode.
-    :param engine: a ready SQLAlchemy ``Engine`` to use instead of ``url``.
+    :param engine: a ready SQLAlchemy ``Engine`` to use instead of ``url`` (for an
+        ``AsyncEngine``, its ``sync_engine``); not an in-memory SQLite one.
     :param table: the lock table's name, a plain identifier.
     :param ttl: the default lease of a hold, in seconds. A holder that neither
         releases nor extends within it loses the hold.

@@ -21,6 +21,22 @@ logger = logging.getLogger(__name__)
 
 JOB_ID = "tierlock-reaper"
 
+# APScheduler logs its start and every pass at INFO ("Running job", "executed
+# successfully") in every process that uses tierlock. Its scheduler and executor log
+# here instead: a logger of tierlock's that passes on only warnings and errors, so the
+# application's logging configuration, apscheduler.* included, is left as it is.
+_scheduler_logger = logging.getLogger(f"{__name__}.scheduler")
+_scheduler_logger.setLevel(logging.WARNING)
+
+
+class _Executor(ThreadPoolExecutor):  # type: ignore[misc]  # (APScheduler is untyped)
+    """A thread pool whose jobs log to ``_scheduler_logger``: a job is handed the name
+    of the logger that ``start`` sets, ``apscheduler.executors.<alias>`` by default."""
+
+    def start(self, scheduler: BackgroundScheduler, alias: str) -> None:
+        super().start(scheduler, alias)
+        self._logger = _scheduler_logger
+
 
 class Reaper:
     """One scheduler with one interval job that calls ``reap``."""
@@ -37,7 +53,8 @@ class Reaper:
         """Run ``reap`` every ``interval`` seconds; restarting changes the interval."""
         self.stop()
         scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(1)},
+            logger=_scheduler_logger,
+            executors={"default": _Executor(1)},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone=timezone.utc,
         )

@@ -18,9 +18,19 @@ __all__ = ["LockInfo", "Owner"]
 MAX_LABEL_LENGTH = 255
 
 
+def _label(name: str) -> str:
+    """``name`` as every database can store it. Names only describe a holder, so an odd
+    one is mended rather than refused: a lone surrogate (what ``os.fsdecode`` makes of
+    undecodable bytes) cannot be encoded and becomes its escape, and PostgreSQL's text
+    cannot hold NUL, which is dropped."""
+    if not name.isascii() or "\x00" in name:  # (ordinary names skip the copies)
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "")
+    return name[:MAX_LABEL_LENGTH]
+
+
 @functools.cache
 def _hostname() -> str:
-    return socket.gethostname()[:MAX_LABEL_LENGTH]
+    return _label(socket.gethostname())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +46,12 @@ class Owner:
 
     @classmethod
     def current(cls) -> Owner:
-        thread = threading.current_thread()
         return cls(
             owner_id=secrets.token_hex(16),
             host=_hostname(),
             pid=os.getpid(),
             thread_id=threading.get_ident(),
-            thread_name=thread.name[:MAX_LABEL_LENGTH],
+            thread_name=_label(threading.current_thread().name),
         )
 
 

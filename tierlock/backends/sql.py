@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import MetaData, create_engine, event, inspect
-from sqlalchemy.engine import Dialect, Engine, make_url
+from sqlalchemy.engine import URL, Dialect, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.expression import ClauseElement
@@ -127,11 +127,7 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
     }
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        if parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory":
-            raise ValueError(
-                "an in-memory SQLite database is private to one connection and cannot "
-                "hold locks; give a file, for example sqlite:///tierlock.db"
-            )
+        _refuse_memory_database(parsed)
     elif backend not in (*MYSQL_FAMILY, "postgresql"):
         raise ValueError(
             f"unsupported database {backend!r} in {parsed!r}: "
@@ -151,6 +147,36 @@ def _engine_for_url(url: str, timeout: float) -> Engine:
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
     return engine
+
+
+def _refuse_memory_database(url: URL) -> None:
+    if url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    ):
+        raise ValueError(
+            "an in-memory SQLite database is private to one connection and cannot "
+            "hold locks; give a file, for example sqlite:///tierlock.db"
+        )
+
+
+def _usable_engine(engine: object) -> Engine:
+    """``engine`` if tierlock can use it; else a clear error now, rather than an
+    AttributeError, or every thread failing later on a table it cannot see."""
+    if not isinstance(engine, Engine):
+        if isinstance(getattr(engine, "sync_engine", None), Engine):
+            raise TypeError(
+                f"engine is an asyncio {type(engine).__name__}; tierlock's asyncio API is "
+                "to come, until then pass engine.sync_engine"
+            )
+        raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
+    _refuse_memory_database(engine.url)
+    return engine
+
+
+def _unreachable(exc: DBAPIError) -> str:
+    """The message for a database out of reach: the same words on every database, so
+    that people and log searches find them, then the driver's reason."""
+    return f"cannot reach the database: {exc.orig}"
 
 
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
@@ -345,7 +371,7 @@ class SQLBackend(LockBackend):
         else:
             if url is not None:
                 raise ValueError("give a database URL or an engine, not both")
-            self._base_engine = engine
+            self._base_engine = _usable_engine(engine)
             self._owns_engine = False
             self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect_name = self._engine.dialect.name
@@ -382,11 +408,17 @@ class SQLBackend(LockBackend):
 
     def _create_table(self) -> None:
         try:
-            self.table.create(self._engine, checkfirst=True)
+            connection = self._engine.connect()
         except DBAPIError as exc:
-            # Another process may have created it between the check and CREATE.
-            if not self._has_table():
-                raise BackendError(f"cannot create table {self.table.name!r}: {exc.orig}") from exc
+            raise BackendError(_unreachable(exc)) from exc
+        with connection:
+            try:
+                self.table.create(connection, checkfirst=True)
+            except DBAPIError as exc:
+                # Another process may have created it between the check and CREATE.
+                if not self._has_table():
+                    message = f"cannot create table {self.table.name!r}: {exc.orig}"
+                    raise BackendError(message) from exc
         self._add_handoffs_column()
 
     def _check_autoinc_lock_mode(self) -> None:
@@ -396,7 +428,7 @@ class SQLBackend(LockBackend):
             with self._engine.connect() as connection:
                 mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
         except DBAPIError as exc:
-            raise BackendError(f"cannot reach the database: {exc.orig}") from exc
+            raise BackendError(_unreachable(exc)) from exc
         if mode == 2:
             logger.warning(
                 "innodb_autoinc_lock_mode is 2 (interleaved): fencing tokens of lock table "
@@ -415,7 +447,9 @@ class SQLBackend(LockBackend):
         columns = {column["name"] for column in inspect(self._engine).get_columns(self.table.name)}
         if "handoffs" in columns:
             return
-        ddl = f"ALTER TABLE {self.table.name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
+        # Quoted as CREATE TABLE quoted it: PostgreSQL folds a bare MixedCase to lower case.
+        name = self._dialect.identifier_preparer.format_table(self.table)
+        ddl = f"ALTER TABLE {name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
         try:
             with self._engine.connect() as connection:
                 connection.exec_driver_sql(ddl)
@@ -467,6 +501,19 @@ class SQLBackend(LockBackend):
             return _CONNECTION
         return _FATAL
 
+    def _message(self, what: str, exc: DBAPIError, tries: int = 1) -> str:
+        """What a ``BackendError`` says of ``exc``, which ended ``tries`` of ``what``. A
+        database out of reach (a server's connection error, or SQLite unable to open
+        its file) reads the same on every database: see ``_unreachable``."""
+        orig = exc.orig
+        if (
+            self._kind(exc) == _CONNECTION
+            or getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_CANTOPEN
+        ):
+            return _unreachable(exc)
+        after = f" after {tries} tries" if tries > 1 else ""
+        return f"{what} failed{after}: {orig}"
+
     def _run(
         self,
         what: str,
@@ -512,7 +559,7 @@ class SQLBackend(LockBackend):
             except DBAPIError as exc:
                 kind = self._kind(exc)
                 if kind == _FATAL:
-                    raise BackendError(f"{what} failed: {exc.orig}", key) from exc
+                    raise BackendError(self._message(what, exc), key) from exc
                 if kind == _CONTENTION and on_contention is not None and not uncertain:
                     # (Once uncertain, retry instead: the next try checks by owner id.)
                     return on_contention()
@@ -534,7 +581,7 @@ class SQLBackend(LockBackend):
                     link.close()
             now = time.monotonic()
             if now >= give_up or (kind == _CONNECTION and tries >= ATTEMPTS):
-                raise BackendError(f"{what} failed after {tries} tries: {last.orig}", key) from last
+                raise BackendError(self._message(what, last, tries), key) from last
             time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, give_up - now))
 
     def _watched(self, link: _Link, attempt: Callable[[_Link, bool], T], uncertain: bool) -> T:
