@@ -31,7 +31,7 @@ from sqlalchemy.sql.expression import ClauseElement
 
 import tierlock
 from tierlock.backends.sql import SQLBackend
-from tierlock.backends.sqltable import Statements
+from tierlock.backends.sql.table import Statements
 
 from .drivers import mysql_connection, postgresql_connection
 from .report import percentile

@@ -135,7 +135,7 @@ def test_a_try_under_way_at_close_does_not_become_a_hold(
     wait_until(lambda: proxy.held(b"INSERT"), "the poller's next insert")
     holder.release()
     closing = Outcome(locks.close)
-    wait_until(lambda: locks._backend._gate.shut, "close to begin")  # type: ignore[attr-defined]
+    wait_until(lambda: locks._backend.closed, "close to begin")  # type: ignore[attr-defined]
     proxy.resume()
     closing.join()
     poller.join()

@@ -31,7 +31,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 from . import __version__
-from .backends.sqltable import MYSQL_FAMILY, check_table_name, lock_table
+from .backends.sql.table import MYSQL_FAMILY, check_table_name, lock_table
 from .demo import (
     DEFAULT_ACCOUNTS,
     DEFAULT_PROCESSES,

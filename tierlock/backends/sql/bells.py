@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..stats import Counters
-from . import Doorbell
+from ...stats import Counters
+from .. import Doorbell
 
 __all__ = ["Bells"]
 

@@ -35,7 +35,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
 from sqlalchemy.sql.expression import ColumnElement, Delete, Executable, FunctionElement, Select
 
-from ..keys import MAX_KEY_LENGTH
+from ...keys import MAX_KEY_LENGTH
 
 __all__ = ["Statements", "check_table_name", "lock_table"]
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import Doorbell
+from .. import Doorbell
 
 __all__ = ["Listener", "channel_name"]
 

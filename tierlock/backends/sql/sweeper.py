@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import LockError
+from ...errors import LockError
 
 __all__ = ["Sweep", "Sweeper"]
 

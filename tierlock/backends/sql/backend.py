@@ -1,0 +1,377 @@
+"""The SQL backend: holds as rows of one table, on SQLite, MariaDB/MySQL (pymysql) and
+PostgreSQL (psycopg 3). Statements and their failures: ``running``; the table and every
+statement: ``table``; wake-ups: ``notify`` (PostgreSQL) and ``bells`` (MariaDB/MySQL)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import MetaData
+from sqlalchemy.engine import Engine
+
+from ...records import LockInfo, Owner
+from ...stats import Counters
+from .. import Doorbell, LockBackend
+from .bells import Bells
+from .engine import (
+    DEFAULT_TIMEOUT,
+    SQLITE_BUSY_SLICE,
+    SQLITE_LEAST_BUSY_WAIT,
+    engine_for_url,
+    usable_engine,
+)
+from .notify import Listener, channel_name
+from .running import Link, Queries, Runner
+from .schema import prepare_table
+from .sweeper import Sweep, Sweeper
+from .table import MYSQL_FAMILY, REAP_BATCH, Statements, check_table_name, fencing_token, lock_table
+from .watchdog import Watchdog
+
+__all__ = ["SQLBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+def _utc(value: datetime | str) -> datetime:
+    # PostgreSQL returns aware datetimes in the session's zone, MySQL naive ones and
+    # SQLite text; the naive ones hold UTC because only UTC is ever stored.
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
+
+
+def _info(row: dict[str, Any]) -> LockInfo:
+    return LockInfo(
+        key=row["lock_key"],
+        token=fencing_token(row["token"], row["handoffs"]),
+        owner=row["owner_id"],
+        host=row["host"],
+        pid=row["pid"],
+        thread_id=row["thread_id"],
+        thread_name=row["thread_name"],
+        acquired_at=_utc(row["acquired_at"]),
+        expires_at=_utc(row["expires_at"]),
+        expired=bool(row["expired"]),
+    )
+
+
+class SQLBackend(LockBackend):
+    """Holds as rows of one table."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None,
+        engine: Engine | None,
+        table: str,
+        create_table: bool,
+        counters: Counters,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.table = lock_table(check_table_name(table), MetaData())
+        self.counters = counters
+        self.timeout = timeout
+        if engine is None:
+            if url is None:
+                raise ValueError("give a database URL or an engine")
+            self._base_engine = engine_for_url(url, timeout)
+            self._owns_engine = True
+            self._engine = self._base_engine
+        else:
+            if url is not None:
+                raise ValueError("give a database URL or an engine, not both")
+            self._base_engine = usable_engine(engine)
+            self._owns_engine = False
+            self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.dialect_name = self._engine.dialect.name
+        self._listener: Listener | None = None
+        self._watchdog: Watchdog | None = None
+        self._bells: Bells | None = None
+        channel = None
+        if self.dialect_name == "postgresql":
+            channel = channel_name(self.table.name)
+            self._listener = Listener(self._dedicated_connection, channel)
+            self._watchdog = Watchdog(timeout / 2)
+        elif self.dialect_name in MYSQL_FAMILY:
+            self._bells = Bells(self._dedicated_connection, self.table.name, counters)
+        self._runner = Runner(
+            self._engine,
+            counters=counters,
+            timeout=timeout,
+            commit=not self._owns_engine,
+            watchdog=self._watchdog,
+        )
+        self._run = self._runner.run
+        self._sweeper = Sweeper(self._sweep)
+        self._closing = threading.Event()  # cuts SQLite pollers' pauses short at close
+        self.sql = Statements(self.table, self.dialect_name, channel)
+        self.queries = Queries(self.sql, self._engine.dialect)
+        if self.dialect_name == "sqlite":
+            _sqlite_backends.add(self)
+        gate = self._runner.gate
+        gate.enter()
+        try:
+            prepare_table(self._engine, self.table, create=create_table)
+        finally:
+            gate.leave()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` has begun: no new operation starts."""
+        return self._runner.gate.shut
+
+    # -- holds -------------------------------------------------------------------
+
+    def _insert(self, link: Link, params: dict[str, Any]) -> int | None:
+        result = link.execute(self.queries.insert_if_absent, params)
+        if self.sql.returns_token:
+            token: int | None = result.rows[0][0] if result.rows else None
+        else:
+            token = result.lastrowid if result.rowcount == 1 else None
+        self.counters.add("insert_conflicts" if token is None else "inserts")
+        return None if token is None else fencing_token(token, 0)
+
+    def _owned_token(self, link: Link, key: str, owner_id: str) -> int | None:
+        """Our fencing token if ``owner_id`` holds ``key``: what an ambiguous try did."""
+        rows = link.execute(self.queries.select_owned_token, {"key": key, "owner": owner_id}).rows
+        return fencing_token(*rows[0]) if rows else None
+
+    def try_acquire(
+        self, key: str, owner: Owner, ttl: float, limit: float | None = None
+    ) -> int | None:
+        params = {
+            "key": key,
+            "owner": owner.owner_id,
+            "host_name": owner.host,
+            "proc": owner.pid,
+            "thread": owner.thread_id,
+            "thread_label": owner.thread_name,
+            "ttl": ttl,
+        }
+        queries = self.queries
+        busy_wait = None
+        if self.dialect_name == "sqlite" and limit is not None and limit < SQLITE_BUSY_SLICE:
+            busy_wait = max(limit, SQLITE_LEAST_BUSY_WAIT)
+
+        def attempt(link: Link, uncertain: bool) -> int | None:
+            if uncertain:
+                # A dropped connection hid whether our insert committed: ask.
+                token = self._owned_token(link, key, owner.owner_id)
+                if token is not None:
+                    return token
+            if busy_wait is not None:
+                link.limit_busy_wait(busy_wait)
+            token = self._insert(link, params)
+            if token is None and link.execute(queries.delete_expired_key, params).rowcount:
+                logger.warning("lock %r: took over a hold whose lease had ended", key)
+                self.counters.add("takeovers")
+                token = self._insert(link, params)
+            if token is not None and self.closed:
+                # Won just as the manager closed: nobody will hold it.
+                link.execute(queries.delete_owned, params)
+                return None
+            return token
+
+        token = self._run("acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id)
+        if token is not None and self._runner.doubts:
+            self._runner.doubts.pop(owner.owner_id, None)
+        return token
+
+    def release(self, key: str, owner_id: str, live_until: float) -> bool:
+        params = {"key": key, "owner": owner_id}
+
+        def attempt(link: Link, uncertain: bool) -> bool:
+            if link.execute(self.queries.delete_owned, params).rowcount == 1:
+                return True
+            # The row is gone. After a dropped connection that may be our own earlier
+            # try's doing, but only while the lease surely ran could nobody else (the
+            # reaper, a waiter taking over) have removed it; after that, it is lost.
+            return uncertain and time.monotonic() < live_until
+
+        return self._run("release", key, attempt)
+
+    def handoff(
+        self, key: str, owner_id: str, token: int, successor: Owner, ttl: float
+    ) -> int | None:
+        params = {
+            "key": key,
+            "owner": owner_id,
+            "new_owner": successor.owner_id,
+            "thread": successor.thread_id,
+            "thread_label": successor.thread_name,
+            "ttl": ttl,
+        }
+
+        def attempt(link: Link, uncertain: bool) -> int | None:
+            if uncertain:
+                handed = self._owned_token(link, key, successor.owner_id)
+                if handed is not None:
+                    return handed
+            if link.execute(self.queries.handoff_owned, params).rowcount != 1:
+                return None
+            # The row was exactly as our hold left it, so its token is ours plus one.
+            return token + 1
+
+        # A hand-off whose outcome stays unknown leaves the successor's owner id in
+        # doubt: the successor's own first try then looks for the row under it.
+        handed = self._run("handoff", key, attempt, owner=successor.owner_id)
+        if self._runner.doubts:
+            self._runner.doubts.pop(successor.owner_id, None)
+        return handed
+
+    def discard(self, key: str, owner_id: str, *, certain: bool) -> None:
+        sessions = self._runner.doubts.pop(owner_id, None) if self._runner.doubts else None
+        if sessions is None and not certain:
+            return
+        alive = tuple(session for session in sessions or () if session is not None)
+        give_up = time.monotonic() + self.timeout * 1.5
+        self._sweeper.add(Sweep(key, owner_id, alive, give_up))
+
+    def _sweep(self, item: Sweep) -> bool:
+        """Delete ``item``'s row once its sessions are over; ``False``: not yet."""
+        queries = self.queries
+        params = {"key": item.key, "owner": item.owner_id}
+
+        def attempt(link: Link, uncertain: bool) -> bool:
+            if item.sessions and time.monotonic() < item.give_up:
+                for session in item.sessions:
+                    if link.execute(queries.session_alive, {"session": session}).rows:
+                        return False
+            if link.execute(queries.delete_owned, params).rowcount:
+                logger.warning("lock %r: deleted a row its interrupted owner left", item.key)
+            return True
+
+        return self._run("sweep", item.key, attempt)
+
+    def extend(self, key: str, owner_id: str, ttl: float) -> bool:
+        params = {"key": key, "owner": owner_id, "ttl": ttl}
+        return self._run(
+            "extend",
+            key,
+            lambda link, _: link.execute(self.queries.extend_owned, params).rowcount == 1,
+        )
+
+    def is_locked(self, key: str) -> bool:
+        return self._run(
+            "locked",
+            key,
+            lambda link, _: bool(link.execute(self.queries.select_live, {"key": key}).rows),
+        )
+
+    def info(self, key: str) -> LockInfo | None:
+        def attempt(link: Link, uncertain: bool) -> LockInfo | None:
+            rows = link.execute(self.queries.select_info, {"key": key}).records()
+            return _info(rows[0]) if rows else None
+
+        return self._run("info", key, attempt)
+
+    def holders(self) -> list[LockInfo]:
+        return self._run(
+            "holders",
+            None,
+            lambda link, _: [_info(row) for row in link.execute(self.queries.select_all).records()],
+        )
+
+    def force_release(self, key: str) -> bool:
+        return self._run(
+            "force_release",
+            key,
+            lambda link, _: link.execute(self.queries.delete_key, {"key": key}).rowcount > 0,
+        )
+
+    def reap(self) -> int:
+        total = 0
+        while True:
+            deleted: int = self._run(
+                "reap",
+                None,
+                lambda link, _: link.execute(self.queries.delete_expired_batch).rowcount,
+            )
+            total += deleted
+            if deleted < REAP_BATCH:
+                self.counters.add("reaped", total)
+                return total
+
+    def doorbell(self, key: str) -> Doorbell:
+        if self._listener is not None:
+            return self._listener.doorbell(key)
+        if self._bells is not None:
+            return self._bells.doorbell(key)
+        return Doorbell(self._closing)
+
+    def others_waiting(self, key: str) -> bool:
+        return self._bells is not None and self._bells.waiting(key)
+
+    def _dedicated_connection(self) -> Any:
+        """A driver connection in autocommit mode, outside the pool: for LISTEN, or
+        for a doorbell's named lock."""
+        connection = self._engine.raw_connection()
+        connection.detach()
+        driver_connection = connection.dbapi_connection
+        assert driver_connection is not None
+        if self.dialect_name == "postgresql":
+            driver_connection.autocommit = True
+        else:
+            driver_connection.autocommit(True)
+        return driver_connection
+
+    def after_fork(self) -> None:
+        # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
+        self._base_engine.dispose(close=False)
+        self._runner.after_fork()
+        self._sweeper.forget()  # the parent sweeps its own rows
+        if self._listener is not None:
+            self._listener.forget()
+        if self._watchdog is not None:
+            self._watchdog.forget()
+        if self._bells is not None:
+            self._bells.forget()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.close()  # (which wakes its pollers first)
+        gate = self._runner.gate
+        gate.close(self.timeout * 1.5)
+        self._sweeper.finish(self.timeout)
+        gate.seal()
+        if self._bells is not None:
+            self._bells.close()
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if self._owns_engine:
+            self._base_engine.dispose()
+        _sqlite_backends.discard(self)
+
+
+# SQLite runs in the process, and its global mutexes are copied into a forked child
+# locked if a thread of the parent was inside SQLite at that moment: the child then
+# hangs on its first statement. So a fork waits until no tierlock statement on SQLite
+# is under way, and holds new ones back until it is done.
+_sqlite_backends: weakref.WeakSet[SQLBackend] = weakref.WeakSet()
+# The longest a fork waits for statements under way (each waits at most
+# SQLITE_BUSY_SLICE for the write lock).
+FORK_WAIT = 5.0
+
+
+def _pause_for_fork() -> None:
+    for backend in list(_sqlite_backends):
+        backend._runner.gate.pause(FORK_WAIT)
+
+
+def _resume_after_fork() -> None:
+    for backend in list(_sqlite_backends):
+        backend._runner.gate.resume()
+
+
+os.register_at_fork(before=_pause_for_fork, after_in_parent=_resume_after_fork)

@@ -1,0 +1,147 @@
+"""Engines made from a URL, engines given by the caller, and the settings each needs."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from .table import MYSQL_FAMILY
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "SQLITE_BUSY_SLICE",
+    "SQLITE_LEAST_BUSY_WAIT",
+    "engine_for_url",
+    "set_busy_timeout",
+    "unreachable",
+    "usable_engine",
+]
+
+# How long one SQLite statement waits for the file's write lock before it reports
+# contention (to be tried again): short, so that an acquire keeps within its timeout
+# and a fork waits for at most this long (see ``_pause_for_fork``).
+SQLITE_BUSY_SLICE = 0.1
+# The least an acquire's try waits for that lock however close its deadline, as a try
+# on a server takes a round trip: without it a non-blocking acquire would fail whenever
+# any other process happened to be writing, even to another key.
+SQLITE_LEAST_BUSY_WAIT = 0.01
+
+# The default bound, in seconds, on one operation that cannot reach the database.
+DEFAULT_TIMEOUT = 20.0
+# Seconds to wait for a connection; pymysql also applies its read timeout to the
+# handshake, and libpq counts connect_timeout in whole seconds of at least 2.
+CONNECT_TIMEOUT = 5
+
+
+def _driver_timeouts(backend: str, timeout: float) -> dict[str, Any]:
+    """Driver options that keep one try within half of ``timeout``.
+
+    Every statement tierlock sends touches one row (or one reaper batch) in autocommit
+    mode, so a reply slower than that means the server or the network is in trouble.
+    """
+    per_try = timeout / 2
+    if backend == "postgresql":
+        # tcp_user_timeout (ms) drops a connection whose sent data stays unacknowledged.
+        return {
+            "connect_timeout": max(2, min(CONNECT_TIMEOUT, math.ceil(per_try))),
+            "tcp_user_timeout": max(1, round(per_try * 1000)),
+        }
+    return {
+        "connect_timeout": min(CONNECT_TIMEOUT, per_try),
+        "read_timeout": per_try,
+        "write_timeout": per_try,
+    }
+
+
+def engine_for_url(url: str, timeout: float) -> Engine:
+    """An engine in autocommit mode, so that each statement is one round trip.
+
+    With no transaction ever open, the rollbacks SQLAlchemy would send when a
+    connection is closed or returned to the pool (a round trip each on pymysql) have
+    nothing to undo, so they are turned off.
+    """
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        # Not quoted: the text may hold a password.
+        raise ValueError(
+            "not a database URL; expected dialect+driver://user:password@host:port/database"
+        ) from None
+    options: dict[str, Any] = {
+        "isolation_level": "AUTOCOMMIT",
+        "skip_autocommit_rollback": True,
+        "pool_reset_on_return": None,
+    }
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        _refuse_memory_database(parsed)
+    elif backend not in (*MYSQL_FAMILY, "postgresql"):
+        raise ValueError(
+            f"unsupported database {backend!r} in {parsed!r}: "
+            "use sqlite, mysql, mariadb or postgresql"
+        )
+    else:
+        # Without these a server that stops answering blocks a caller for good,
+        # whatever its timeout; options given in the URL's query take precedence.
+        defaults = _driver_timeouts(backend, timeout)
+        options["connect_args"] = {
+            name: value for name, value in defaults.items() if name not in parsed.query
+        }
+    try:
+        engine = create_engine(parsed, **options)
+    except (ArgumentError, ImportError) as exc:
+        raise ValueError(f"cannot use {parsed!r}: {exc}") from exc
+    if backend == "sqlite":
+        event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _refuse_memory_database(url: URL) -> None:
+    if url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    ):
+        raise ValueError(
+            "an in-memory SQLite database is private to one connection and cannot "
+            "hold locks; give a file, for example sqlite:///tierlock.db"
+        )
+
+
+def usable_engine(engine: object) -> Engine:
+    """``engine`` if tierlock can use it; else a clear error now, rather than an
+    AttributeError, or every thread failing later on a table it cannot see."""
+    if not isinstance(engine, Engine):
+        if isinstance(getattr(engine, "sync_engine", None), Engine):
+            raise TypeError(
+                f"engine is an asyncio {type(engine).__name__}; tierlock's asyncio API is "
+                "to come, until then pass engine.sync_engine"
+            )
+        raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
+    _refuse_memory_database(engine.url)
+    return engine
+
+
+def unreachable(exc: DBAPIError) -> str:
+    """The message for a database out of reach: the same words on every database, so
+    that people and log searches find them, then the driver's reason."""
+    return f"cannot reach the database: {exc.orig}"
+
+
+def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
+    # WAL lets readers run beside the one writer; the busy timeout makes a writer
+    # wait a little for the file lock before it reports contention.
+    set_busy_timeout(dbapi_connection, record.info, SQLITE_BUSY_SLICE)
+    dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+
+def set_busy_timeout(connection: sqlite3.Connection, info: dict[str, Any], wait: float) -> None:
+    """Make SQLite statements on ``connection`` wait up to ``wait`` seconds for the write
+    lock; ``info`` (the pool's record of the connection) remembers the setting."""
+    milliseconds = round(wait * 1000)
+    if info.get("busy_ms") != milliseconds:
+        connection.execute(f"PRAGMA busy_timeout = {milliseconds:d}")
+        info["busy_ms"] = milliseconds

@@ -1,0 +1,381 @@
+"""Running statements: compiled once, sent straight to the driver on a pooled
+connection, with failures sorted and retried.
+
+Every operation runs on a connection taken from the pool for that operation only, in
+autocommit mode, so no connection is held between polls or while a thread waits
+(semantic 7). A failed statement is sorted into one of three kinds:
+
+* contention (MariaDB deadlock 1213 or lock wait timeout 1205, PostgreSQL
+  serialization failure or deadlock, SQLite busy): nothing was written; an acquire
+  reports the key as taken and backs off, other operations retry until
+  ``database_timeout`` runs out;
+* connection trouble (a dropped or refused connection): the statement may or may not
+  have taken effect, so the retry first checks by owner id what really happened
+  (semantic 9), and after ``ATTEMPTS`` tries a ``BackendError`` is raised;
+* anything else (a missing table, bad SQL): ``BackendError`` at once.
+
+A statement cut short by an interrupt (a signal handler that raised) or by the driver's
+own failure leaves its connection in an unknown state: it is closed, never pooled again,
+and an owner id it may have written a row for stays in doubt (see ``Runner.doubts``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.sql.expression import ClauseElement
+
+from ...errors import BackendError, LockError
+from ...stats import Counters
+from ..gate import Gate
+from .engine import SQLITE_BUSY_SLICE, set_busy_timeout, unreachable
+from .table import MYSQL_FAMILY, Statements
+
+if TYPE_CHECKING:
+    from .watchdog import Watchdog
+
+__all__ = ["Link", "Queries", "Query", "Result", "Runner"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Tries of one operation when the connection fails, and the pauses between them:
+# enough to ride over a pool of connections that a server restart made stale.
+ATTEMPTS = 4
+RETRY_PAUSE = 0.05
+# The longest pause between two tries of an operation that meets contention (SQLite's
+# one writer), which is retried until ``database_timeout`` runs out.
+LONGEST_RETRY_PAUSE = 0.5
+
+_MYSQL_CONTENTION = {1205, 1213}  # lock wait timeout, deadlock
+_POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
+_SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+_CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
+
+
+class Query(NamedTuple):
+    """A statement compiled once for the driver, so that running it costs no
+    SQLAlchemy work: its SQL, the values of parameters fixed in the statement (such
+    as a LIMIT), and the order of parameters for drivers that take them by position
+    (``None``: by name)."""
+
+    sql: str
+    fixed: dict[str, Any]
+    order: tuple[str, ...] | None
+
+    @classmethod
+    def compile(cls, statement: ClauseElement, dialect: Dialect) -> Query:
+        compiled = statement.compile(dialect=dialect)
+        fixed = {name: value for name, value in compiled.params.items() if value is not None}
+        order = getattr(compiled, "positiontup", None)
+        return cls(compiled.string, fixed, None if order is None else tuple(order))
+
+    def arguments(self, params: dict[str, Any]) -> Any:
+        if self.fixed:
+            params = {**self.fixed, **params}
+        return params if self.order is None else tuple(params[name] for name in self.order)
+
+
+class Queries:
+    """Every statement of :class:`Statements`, compiled for one dialect."""
+
+    def __init__(self, statements: Statements, dialect: Dialect) -> None:
+        for name, statement in vars(statements).items():
+            if isinstance(statement, ClauseElement):
+                setattr(self, name, Query.compile(statement, dialect))
+
+    insert_if_absent: Query
+    delete_expired_key: Query
+    delete_owned: Query
+    extend_owned: Query
+    handoff_owned: Query
+    select_owned_token: Query
+    select_live: Query
+    select_info: Query
+    select_all: Query
+    delete_key: Query
+    delete_expired_batch: Query
+    session_alive: Query
+
+
+class Link:
+    """One pooled driver connection, lent to one try of one operation."""
+
+    __slots__ = ("_broken", "_commit", "_connection", "_runner", "_session")
+
+    def __init__(self, runner: Runner, connection: PoolProxiedConnection) -> None:
+        self._runner = runner
+        self._connection = connection
+        # An engine of the caller's may not be in autocommit mode: commit each statement.
+        self._commit = runner.commit
+        self._broken = False  # a statement on it was cut short: its state is unknown
+        self._session: object = None
+
+    def execute(self, query: Query, params: dict[str, Any] | None = None) -> Result:
+        """Run ``query`` and read its whole result, so no cursor outlives the call."""
+        runner = self._runner
+        runner.counters.add("statements")
+        cursor = self._connection.cursor()
+        try:
+            cursor.execute(query.sql, query.arguments(params or {}))
+            columns = cursor.description
+            result = Result(
+                cursor.rowcount,
+                getattr(cursor, "lastrowid", None),  # (psycopg has none: it uses RETURNING)
+                [] if columns is None else [column[0] for column in columns],
+                [] if columns is None else list(cursor.fetchall()),
+            )
+            cursor.close()
+            if self._commit:
+                self._connection.commit()
+        except runner.dbapi_error as exc:
+            self.remember_session()
+            raise runner.failure(exc, query, self._connection) from exc
+        except BaseException:
+            # Interrupted, or the driver failed its own way: what the server got of the
+            # statement, and what of its reply is still unread, is unknown.
+            self.remember_session()
+            self._broken = True
+            raise
+        return result
+
+    def remember_session(self) -> None:
+        """Note the server's id for this connection while it can still be read."""
+        if self._session is None:
+            self._session = self._runner.session_of(self._connection)
+
+    @property
+    def session(self) -> object:
+        """The server session id of the connection (``None`` on SQLite)."""
+        self.remember_session()
+        return self._session
+
+    def fileno(self) -> int:
+        driver_connection = self._connection.dbapi_connection
+        assert driver_connection is not None
+        fileno: int = driver_connection.fileno()
+        return fileno
+
+    def limit_busy_wait(self, seconds: float) -> None:
+        """SQLite: let the next statement wait at most ``seconds`` for the write lock."""
+        driver_connection = self._connection.dbapi_connection
+        assert isinstance(driver_connection, sqlite3.Connection)
+        set_busy_timeout(driver_connection, self._connection.info, seconds)
+
+    def close(self) -> None:
+        if self._broken:
+            self._connection.invalidate()
+        else:
+            self._connection.close()
+
+
+class Result(NamedTuple):
+    rowcount: int
+    lastrowid: int | None
+    columns: list[str]
+    rows: list[Any]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
+class Runner:
+    """Runs attempts of operations on one engine's pooled connections; see the module
+    docstring. Its ``gate`` counts operations under way (for close and fork)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        counters: Counters,
+        timeout: float,
+        commit: bool,
+        watchdog: Watchdog | None,
+    ) -> None:
+        self.engine = engine
+        self.counters = counters
+        self.timeout = timeout
+        # An engine of the caller's may not be in autocommit mode: commit each statement.
+        self.commit = commit
+        self.dialect = engine.dialect
+        self.dialect_name = engine.dialect.name
+        self.dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._watchdog = watchdog
+        self.gate = Gate()
+        # Owner ids whose insert or hand-off may have reached the server unconfirmed,
+        # with the server sessions that carried it (see ``SQLBackend.discard``).
+        self.doubts: dict[str, list[object]] = {}
+
+    def after_fork(self) -> None:
+        """Start afresh in a forked child: another thread may have held the gate's own
+        mutex at the fork, and the parent resolves its own doubts."""
+        self.gate = Gate(shut=self.gate.shut)
+        self.doubts = {}
+
+    def failure(
+        self, exc: Exception, query: Query | None, connection: PoolProxiedConnection | None
+    ) -> DBAPIError:
+        """``exc`` from the driver as SQLAlchemy's exception, with the connection (and,
+        as SQLAlchemy does, every connection opened before it) invalidated if it broke."""
+        disconnect = connection is not None and self.dialect.is_disconnect(
+            exc,  # type: ignore[arg-type]  # the driver's Error, as caught
+            connection,
+            None,
+        )
+        if disconnect:
+            assert connection is not None
+            self.engine.pool._invalidate(connection, exc)
+        wrapped = DBAPIError.instance(
+            None if query is None else query.sql,
+            None,
+            exc,
+            self.dbapi_error,
+            connection_invalidated=disconnect,
+            dialect=self.dialect,
+        )
+        assert isinstance(wrapped, DBAPIError)
+        return wrapped
+
+    def _kind(self, exc: DBAPIError) -> str:
+        if exc.connection_invalidated:
+            return _CONNECTION
+        orig = exc.orig
+        mysql_code = orig.args[0] if orig is not None and orig.args else None
+        if (
+            mysql_code in _MYSQL_CONTENTION
+            or getattr(orig, "sqlstate", None) in _POSTGRESQL_CONTENTION
+            or getattr(orig, "sqlite_errorcode", None) in _SQLITE_CONTENTION
+        ):
+            return _CONTENTION
+        # SQLite has no connection to lose: "no such table" is an OperationalError too.
+        if isinstance(exc, OperationalError) and self.dialect_name != "sqlite":
+            return _CONNECTION
+        return _FATAL
+
+    def message(self, what: str, exc: DBAPIError, tries: int = 1) -> str:
+        """What a ``BackendError`` says of ``exc``, which ended ``tries`` of ``what``. A
+        database out of reach (a server's connection error, or SQLite unable to open
+        its file) reads the same on every database: see ``_unreachable``."""
+        orig = exc.orig
+        if (
+            self._kind(exc) == _CONNECTION
+            or getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_CANTOPEN
+        ):
+            return unreachable(exc)
+        after = f" after {tries} tries" if tries > 1 else ""
+        return f"{what} failed{after}: {orig}"
+
+    def run(
+        self,
+        what: str,
+        key: str | None,
+        attempt: Callable[[Link, bool], T],
+        on_contention: Callable[[], T] | None = None,
+        *,
+        owner: str | None = None,
+    ) -> T:
+        """Run ``attempt(link, uncertain)`` with retries, on a pooled connection each try.
+
+        ``uncertain`` is True once an earlier try failed in a way that may have taken
+        effect; ``on_contention`` gives the result for contention (else it is retried).
+        ``owner``: the owner id whose row the operation may create or take; a try cut
+        short after sending leaves it in doubt (see ``discard``), and an operation for
+        an owner id in doubt starts uncertain. Raises only tierlock errors, apart from
+        what interrupts it (``KeyboardInterrupt`` and the like).
+        """
+        self.gate.enter()
+        try:
+            return self._tries(what, key, attempt, on_contention, owner)
+        finally:
+            self.gate.leave()
+
+    def _tries(
+        self,
+        what: str,
+        key: str | None,
+        attempt: Callable[[Link, bool], T],
+        on_contention: Callable[[], T] | None,
+        owner: str | None,
+    ) -> T:
+        uncertain = owner is not None and owner in self.doubts
+        last: DBAPIError | None = None
+        give_up = time.monotonic() + self.timeout
+        tries = 0
+        while True:
+            tries += 1
+            link: Link | None = None
+            try:
+                link = self._link()
+                return self._watched(link, attempt, uncertain)
+            except DBAPIError as exc:
+                kind = self._kind(exc)
+                if kind == _FATAL:
+                    raise BackendError(self.message(what, exc), key) from exc
+                if kind == _CONTENTION and on_contention is not None and not uncertain:
+                    # (Once uncertain, retry instead: the next try checks by owner id.)
+                    return on_contention()
+                logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
+                if kind == _CONNECTION:
+                    self._doubt(owner, link)
+                    uncertain = True
+                last = exc
+            except LockError:
+                raise
+            except Exception as exc:  # e.g. the pool timed out, or a driver's own failure
+                self._doubt(owner, link)
+                raise BackendError(f"{what} failed: {exc}", key) from exc
+            except BaseException:
+                self._doubt(owner, link)
+                raise
+            finally:
+                if link is not None:
+                    link.close()
+            now = time.monotonic()
+            if now >= give_up or (kind == _CONNECTION and tries >= ATTEMPTS):
+                raise BackendError(self.message(what, last, tries), key) from last
+            time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, give_up - now))
+
+    def _watched(self, link: Link, attempt: Callable[[Link, bool], T], uncertain: bool) -> T:
+        """``attempt`` on ``link``, cut off by the watchdog if the server does not answer."""
+        if self._watchdog is None:
+            return attempt(link, uncertain)
+        with self._watchdog.watch(link.fileno()):
+            return attempt(link, uncertain)
+
+    def _link(self) -> Link:
+        """A pooled connection for one try; the caller closes it."""
+        try:
+            connection = self.engine.raw_connection()
+        except self.dbapi_error as exc:
+            raise self.failure(exc, None, None) from exc
+        if self.dialect_name == "sqlite":
+            driver_connection = connection.dbapi_connection
+            assert isinstance(driver_connection, sqlite3.Connection)
+            set_busy_timeout(driver_connection, connection.info, SQLITE_BUSY_SLICE)
+        return Link(self, connection)
+
+    def _doubt(self, owner: str | None, link: Link | None) -> None:
+        """Record that a statement for ``owner`` may have reached the server on
+        ``link`` without an answer."""
+        if owner is not None and link is not None:
+            self.doubts.setdefault(owner, []).append(link.session)
+
+    def session_of(self, connection: PoolProxiedConnection) -> object:
+        driver_connection = connection.dbapi_connection
+        try:
+            if self.dialect_name in MYSQL_FAMILY:
+                return driver_connection.thread_id()  # type: ignore[union-attr]
+            if self.dialect_name == "postgresql":
+                return driver_connection.info.backend_pid  # type: ignore[union-attr]
+        except Exception:  # already closed: the server saw its end
+            pass
+        return None

@@ -1,0 +1,87 @@
+"""Making the lock table ready: create it, bring an older one up to date, and check
+the server settings that fencing tokens rely on."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import Table, inspect
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from ...errors import BackendError
+from .engine import unreachable
+from .table import MYSQL_FAMILY
+
+__all__ = ["prepare_table"]
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_table(engine: Engine, table: Table, *, create: bool) -> None:
+    """Create ``table`` if asked and bring it up to date; on MySQL/MariaDB, warn if the
+    server may hand out fencing tokens out of order.
+
+    :raises BackendError: the database cannot be reached, or the table not created.
+    """
+    if create:
+        _create_table(engine, table)
+    if engine.dialect.name in MYSQL_FAMILY:
+        _check_autoinc_lock_mode(engine, table)
+
+
+def _create_table(engine: Engine, table: Table) -> None:
+    try:
+        connection = engine.connect()
+    except DBAPIError as exc:
+        raise BackendError(unreachable(exc)) from exc
+    with connection:
+        try:
+            table.create(connection, checkfirst=True)
+        except DBAPIError as exc:
+            # Another process may have created it between the check and CREATE.
+            if not _has_table(engine, table):
+                message = f"cannot create table {table.name!r}: {exc.orig}"
+                raise BackendError(message) from exc
+    _add_handoffs_column(engine, table)
+
+
+def _check_autoinc_lock_mode(engine: Engine, table: Table) -> None:
+    """Fencing tokens rise in the order holds are won only while InnoDB holds its
+    AUTO-INC lock through an INSERT ... SELECT (see ``Statements``)."""
+    try:
+        with engine.connect() as connection:
+            mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
+    except DBAPIError as exc:
+        raise BackendError(unreachable(exc)) from exc
+    if mode == 2:
+        logger.warning(
+            "innodb_autoinc_lock_mode is 2 (interleaved): fencing tokens of lock table "
+            "%r may come out of order when two inserts of one key race; set it to 1",
+            table.name,
+        )
+
+
+def _has_table(engine: Engine, table: Table) -> bool:
+    try:
+        return inspect(engine).has_table(table.name)
+    except SQLAlchemyError:
+        return False
+
+
+def _add_handoffs_column(engine: Engine, table: Table) -> None:
+    """Bring a table made by tierlock 0.1, which had no ``handoffs``, up to date."""
+    columns = {column["name"] for column in inspect(engine).get_columns(table.name)}
+    if "handoffs" in columns:
+        return
+    # Quoted as CREATE TABLE quoted it: PostgreSQL folds a bare MixedCase to lower case.
+    name = engine.dialect.identifier_preparer.format_table(table)
+    ddl = f"ALTER TABLE {name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(ddl)
+    except DBAPIError as exc:
+        columns = {c["name"] for c in inspect(engine).get_columns(table.name)}
+        if "handoffs" not in columns:  # (else another process added it first)
+            raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
+    logger.warning("added column handoffs to lock table %r", table.name)
