@@ -108,6 +108,9 @@ class Lock:
         gets it again at once, and must release it as many times.
 
         :returns: whether the lock is now held.
+        :raises OverflowError: ``timeout`` is above ``threading.TIMEOUT_MAX``.
+        :raises LockError: the manager is closed, or the calling thread runs an asyncio
+            event loop (whose coroutines would all share its hold).
         :raises BackendError: the database failed.
         """
         return self._manager._acquire(self._key, self.ttl, _wait_time(blocking, timeout))
