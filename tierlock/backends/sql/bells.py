@@ -106,26 +106,22 @@ class Bells:
         """A poller that won keeps its connection (and named lock) with the row."""
         with self._changed:
             self._polling.discard(connection)
+            self._changed.notify_all()
             if not self._closed:
                 self._ringing.add(connection)
                 return
         _close(connection)
 
-    def _give_back(self, connection: Any) -> None:
+    def _give_back(self, connection: Any, *, reuse: bool = True) -> None:
+        """Take ``connection`` back from a poller or holder: kept as a spare if
+        ``reuse`` and there is room, else closed."""
         with self._changed:
             self._polling.discard(connection)
             self._ringing.discard(connection)
             self._changed.notify_all()
-            if not self._closed and len(self._spare) < SPARE_CONNECTIONS:
+            if reuse and not self._closed and len(self._spare) < SPARE_CONNECTIONS:
                 self._spare.append(connection)
                 return
-        _close(connection)
-
-    def _drop(self, connection: Any) -> None:
-        with self._changed:
-            self._polling.discard(connection)
-            self._ringing.discard(connection)
-            self._changed.notify_all()
         _close(connection)
 
     def _query(self, connection: Any, sql: str, *args: object) -> Any:
@@ -138,10 +134,10 @@ class Bells:
                 row = cursor.fetchone()
         except Exception as exc:
             logger.debug("doorbell query failed: %s", exc)
-            self._drop(connection)
+            self._give_back(connection, reuse=False)
             raise _Failed(str(exc)) from exc
         except BaseException:
-            self._drop(connection)
+            self._give_back(connection, reuse=False)
             raise
         return None if row is None else row[0]
 

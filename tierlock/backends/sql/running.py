@@ -149,14 +149,15 @@ class Link:
         return result
 
     def remember_session(self) -> None:
-        """Note the server's id for this connection while it can still be read."""
+        """Note the server's id for this connection, whose statement was cut short,
+        while it can still be read."""
         if self._session is None:
             self._session = self._runner.session_of(self._connection)
 
     @property
     def session(self) -> object:
-        """The server session id of the connection (``None`` on SQLite)."""
-        self.remember_session()
+        """The server session whose statement was cut short on this connection, and may
+        still be running: ``None`` if none was (or on SQLite)."""
         return self._session
 
     def fileno(self) -> int:
