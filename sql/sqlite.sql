@@ -8,10 +8,15 @@
 -- lock_key     the key, e.g. 'user:42'; unique, so one row (one hold) per key
 -- handoffs     times the row passed between threads of its process; the fencing
 --              token is token * 65536 + handoffs
--- owner_id     random id of this hold; release and extend touch the row only with it
--- host, pid, thread_id, thread_name   who holds it
--- acquired_at  when the hold began (UTC, the database's clock)
--- expires_at   when the lease ends (UTC, the database's clock); the reaper's index
+-- owner_id     random id of the row; release and extend touch the row only with it
+-- host, pid, thread_id, thread_name   who holds it (after hand-offs that sent no
+--              statement, the holder's heartbeat writes the new thread within a beat)
+-- acquired_at  when the hold began (the database's clock)
+-- expires_at   when the lease ends (the database's clock); the reaper's index
+-- lease        seconds the holder's heartbeat renews the row by; NULL: a fixed lease
+-- host_id, proc_start   the holder's host (boot id and pid namespace) and process
+--              start time: a waiter on that host takes the row over at once once the
+--              process is proven gone
 
 CREATE TABLE tierlock_locks (
     token       INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
@@ -24,6 +29,9 @@ CREATE TABLE tierlock_locks (
     thread_name VARCHAR(255) NOT NULL,
     acquired_at DATETIME NOT NULL,
     expires_at  DATETIME NOT NULL,
+    lease       DOUBLE,
+    host_id     VARCHAR(64),
+    proc_start  BIGINT,
     CONSTRAINT uq_tierlock_locks_lock_key UNIQUE (lock_key)
 );
 

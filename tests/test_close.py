@@ -43,7 +43,7 @@ def waiting(locks: tierlock.LockManager, key: str, count: int) -> Callable[[], b
     """Whether ``count`` threads of ``locks`` queue in tier 1 behind its poller of ``key``."""
 
     def check() -> bool:
-        entry = locks._registry._entries.get(key)
+        entry = locks._tiers.registry._entries.get(key)
         return entry is not None and len(entry.waiters) == count
 
     return check

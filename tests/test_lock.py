@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 import tierlock
-from tierlock.manager import COHORT_LIMIT
+from tierlock.tiers import COHORT_LIMIT
 
 MakeManager = Callable[..., tierlock.LockManager]
 
@@ -161,14 +161,16 @@ def test_local_waiter_does_not_touch_the_database(
         assert manager.stats().statements == before.statements
 
 
-def test_tier_one_filters_contention(
-    make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str
+@pytest.mark.parametrize("renew", [True, False], ids=["renewed", "fixed"])
+def test_hot_key_passes_between_threads_within_the_cohort_bound(
+    make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str, renew: bool
 ) -> None:
-    """8 threads on one key: a hold passes from thread to thread with one UPDATE, at most
-    COHORT_LIMIT times in a row, each time with a higher fencing token; otherwise a
-    section costs the insert and the delete."""
+    """8 threads on one key: a hold passes from thread to thread at most COHORT_LIMIT
+    times in a row, each time with a higher fencing token; with renewed leases a pass
+    sends no statement at all, with fixed ones one UPDATE; otherwise a section costs
+    the insert and the delete."""
     engine, checkouts = counting_engine
-    manager = make_manager(engine=engine)
+    manager = make_manager(engine=engine, renew=renew)  # (ttl 30: no renewal meanwhile)
     threads_count, rounds = 8, 15
     counter = [0]
     tokens: list[int] = []
@@ -195,9 +197,14 @@ def test_tier_one_filters_contention(
     assert tokens == sorted(set(tokens))  # strictly increasing, hand-offs included
     assert max(token & 0xFFFF for token in tokens) <= COHORT_LIMIT
     stats = manager.stats()
-    assert stats.releases == stats.inserts + stats.handoffs == sections
-    assert stats.handoffs > 0
-    assert stats.statements == 2 * stats.inserts + stats.handoffs  # insert, delete, update
+    assert stats.releases == stats.inserts + stats.handoffs + stats.local_handoffs == sections
+    assert stats.heartbeats == 0
+    if renew:
+        assert stats.local_handoffs > 0 and stats.handoffs == 0
+        assert stats.statements == 2 * stats.inserts  # insert, delete; passes send none
+    else:
+        assert stats.handoffs > 0 and stats.local_handoffs == 0
+        assert stats.statements == 2 * stats.inserts + stats.handoffs  # and an update each
     # One pooled connection per statement, counted apart; on MariaDB one more, taken out
     # of the pool once for the doorbell's named-lock queries at the ends of cohorts.
     assert len(checkouts) == stats.statements + (1 if stats.doorbell_queries else 0)

@@ -119,6 +119,11 @@ class Registry(Generic[H, R]):
         """Whether the calling thread has claimed ``key`` (held or being acquired)."""
         return key in self._thread().claimed
 
+    def busy(self, key: str) -> bool:
+        """Whether some thread of this registry holds or asks for ``key``: a cheap check
+        before a non-blocking try, which could only fail."""
+        return key in self._entries
+
     def is_held(self, key: str) -> bool:
         """Whether some thread of this registry holds ``key``."""
         entry = self._entries.get(key)

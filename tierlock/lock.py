@@ -13,6 +13,7 @@ from .keys import KeyLike, make_key
 
 if TYPE_CHECKING:
     from .manager import LockManager
+    from .tiers import OnLost
 
 __all__ = ["Lock", "seconds"]
 
@@ -76,7 +77,7 @@ class Lock:
     on the same key are one lock.
     """
 
-    __slots__ = ("__weakref__", "_key", "_manager", "_timeout", "_ttl")
+    __slots__ = ("__weakref__", "_key", "_manager", "_on_lost", "_renew", "_timeout", "_ttl")
 
     def __init__(
         self,
@@ -85,12 +86,20 @@ class Lock:
         *,
         ttl: float | None = None,
         timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
     ) -> None:
         self._manager = manager
         self._key = make_key(key)
         self._ttl: float | None = seconds("ttl", ttl, none_ok=True)
         _check_representable(timeout)
         self._timeout: float | None = seconds("timeout", timeout, none_ok=True, zero_ok=True)
+        if renew is not None and not isinstance(renew, bool):
+            raise TypeError(f"renew must be True, False or None, not {type(renew).__name__}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be a callable or None, not {type(on_lost).__name__}")
+        self._renew = renew
+        self._on_lost = on_lost
 
     @property
     def key(self) -> str:
@@ -100,6 +109,11 @@ class Lock:
     def ttl(self) -> float:
         """The lease of each hold taken through this handle, in seconds."""
         return self._manager.ttl if self._ttl is None else self._ttl
+
+    @property
+    def renew(self) -> bool:
+        """Whether the holds taken through this handle have their leases renewed."""
+        return self._manager.renew if self._renew is None else self._renew
 
     def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
         """Acquire the lock, with ``threading.RLock.acquire``'s arguments and rules.
@@ -113,7 +127,10 @@ class Lock:
             event loop (whose coroutines would all share its hold).
         :raises BackendError: the database failed.
         """
-        return self._manager._acquire(self._key, self.ttl, _wait_time(blocking, timeout))
+        wait = _wait_time(blocking, timeout)
+        manager = self._manager
+        on_lost = manager.on_lost if self._on_lost is None else self._on_lost
+        return manager._tiers.acquire(self._key, self.ttl, self.renew, on_lost, wait)
 
     def release(self) -> None:
         """Release one level of the calling thread's hold; the last deletes the row.
@@ -123,7 +140,7 @@ class Lock:
             reaped or taken over, or it was force-released). The lock is released
             locally all the same.
         """
-        self._manager._release(self._key)
+        self._manager._tiers.release(self._key)
 
     def extend(self, ttl: float | None = None) -> None:
         """Push the calling thread's lease to now + ``ttl`` by the database's clock.
@@ -133,15 +150,17 @@ class Lock:
         :raises LockLostError: the hold was already gone.
         """
         lease = self.ttl if ttl is None else seconds("ttl", ttl)
-        self._manager._extend(self._key, lease)
+        self._manager._tiers.extend(self._key, lease)
 
     def locked(self) -> bool:
         """Whether anyone, in any thread, process or host, holds an unexpired lease."""
         return self._manager._backend.is_locked(self._key)
 
     def owned(self) -> bool:
-        """Whether the calling thread holds the lock."""
-        return self._manager._registry.hold(self._key) is not None
+        """Whether the calling thread holds the lock with a lease that surely still runs:
+        ``False`` once the hold is lost, and while the manager cannot confirm that its
+        lease was renewed in time (a process stopped, or a database out of reach)."""
+        return self._manager._tiers.owned(self._key)
 
     @property
     def token(self) -> int | None:
@@ -150,8 +169,7 @@ class Lock:
         Tokens strictly increase across successive holds of a key; storage that
         remembers the highest token it accepted can reject a stale holder's writes.
         """
-        hold = self._manager._registry.hold(self._key)
-        return None if hold is None else hold.token
+        return self._manager._tiers.token(self._key)
 
     def __enter__(self) -> Lock:
         if not self.acquire(timeout=self._timeout):
@@ -175,5 +193,5 @@ class Lock:
 
     def __repr__(self) -> str:
         # From tier 1 alone: a repr must not query the database.
-        state = "locked" if self._manager._registry.is_held(self._key) else "unlocked"
+        state = "locked" if self._manager._tiers.registry.is_held(self._key) else "unlocked"
         return f"<{state} tierlock.Lock object key={self._key!r} at {id(self):#x}>"

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import secrets
 import socket
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from typing import NamedTuple
 
-__all__ = ["LockInfo", "Owner"]
+from . import process
+
+__all__ = ["Hold", "LockInfo", "Owner"]
 
 # Host and thread names are stored in VARCHAR(255) columns; longer ones are cut here
 # rather than refused by the server, since they only describe the holder.
@@ -33,44 +37,115 @@ def _hostname() -> str:
     return _label(socket.gethostname())
 
 
-@dataclasses.dataclass(frozen=True)
-class Owner:
-    """Who asks for a hold; ``owner_id`` is fresh for every hold and is what release
-    and extend compare, so a stale or foreign holder can never touch the row."""
+class Owner(NamedTuple):
+    """Who asks for a hold: the thread, its process and host, and a fresh owner id, the
+    row's for its whole life, which release and extend compare, so that a stale or
+    foreign holder can never touch the row."""
 
     owner_id: str
     host: str
+    host_id: str | None  # see tierlock.process.host_identity
     pid: int
+    proc_start: int | None  # see tierlock.process.own_start_time
     thread_id: int
     thread_name: str
 
     @classmethod
     def current(cls) -> Owner:
+        ids = _ids
+        if ids.pid != os.getpid():
+            ids.reset()
         return cls(
-            owner_id=secrets.token_hex(16),
-            host=_hostname(),
-            pid=os.getpid(),
-            thread_id=threading.get_ident(),
-            thread_name=_label(threading.current_thread().name),
+            f"{ids.prefix}{next(ids.counter):012x}",
+            _hostname(),
+            ids.host_id,
+            ids.pid,
+            ids.proc_start,
+            threading.get_ident(),
+            _label(threading.current_thread().name),
         )
 
 
-@dataclasses.dataclass
-class Hold:
-    """A hold of one key won in the backend.
+class _Ids:
+    """Owner ids of this process: a random prefix and a counter, cheaper than 16 random
+    bytes per acquire and as unique (the prefix is new in every process)."""
 
-    ``live_until`` is a ``time.monotonic()`` reading before which the lease surely
-    has not ended: the lease was set to ``ttl`` from a moment after the request was
-    sent, and clocks may disagree on the time but not on how fast it passes.
+    def __init__(self) -> None:
+        self.pid = -1
+
+    def reset(self) -> None:
+        self.pid = os.getpid()
+        self.prefix = secrets.token_hex(10)
+        self.counter = itertools.count()
+        self.host_id = process.host_identity()
+        self.proc_start = process.own_start_time()
+
+
+_ids = _Ids()
+
+
+class Hold:
+    """One row of this process: a hold of one key, which may pass between its threads.
+
+    ``token`` is the fencing token of the thread holding it now: a hand-off adds one, in
+    memory, and counts in ``handoffs``. ``live_until`` is a ``time.monotonic()``
+    reading before which the lease surely has not ended: the lease was set (or
+    renewed) to ``lease`` from a moment after the request was sent, and clocks may
+    disagree on the time but not on how fast it passes. ``recorded`` is false while
+    the row still names an earlier holder thread or hand-off count; the heartbeat
+    writes the change.
     """
 
-    token: int
-    owner_id: str
-    live_until: float
-    handoffs: int = 0  # how many hand-offs in a row, within the process, led to it
-    contended: bool = False  # whether another process held the key when it was won
-    # What wakes pollers elsewhere once the row is released (see Doorbell.keep).
-    ring: Callable[[], None] | None = None
+    __slots__ = (
+        "cohort",
+        "cohort_began",
+        "contended",
+        "handoffs",
+        "holder",
+        "key",
+        "lease",
+        "live_until",
+        "lost",
+        "on_lost",
+        "owner_id",
+        "recorded",
+        "ring",
+        "token",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        holder: Owner,
+        token: int,
+        ttl: float,
+        renew: bool,
+        live_until: float,
+        on_lost: Callable[[str, int], None] | None = None,
+        *,
+        contended: bool = False,
+        ring: Callable[[], None] | None = None,
+    ) -> None:
+        self.key = key
+        self.owner_id = holder.owner_id
+        self.holder = holder
+        self.token = token
+        self.handoffs = 0  # hand-offs of the row so far, each adding one to the token
+        self.ttl = ttl  # the lease its holder asked for
+        self.lease: float | None = ttl if renew else None  # the row's renewal (None: fixed)
+        self.live_until = live_until
+        self.on_lost = on_lost
+        self.contended = contended  # another process held the key when it was won
+        self.ring = ring  # wakes pollers elsewhere once the row is released (Doorbell.keep)
+        self.recorded = True
+        self.lost = False
+        self.cohort = 0  # hand-offs in a row within this process (lock cohorting)
+        self.cohort_began = 0.0
+
+    @property
+    def renewed(self) -> bool:
+        return self.lease is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +154,11 @@ class LockInfo:
 
     ``acquired_at`` and ``expires_at`` are timezone-aware UTC datetimes from the
     database's clock; ``expired`` says whether, by that clock, the lease had ended
-    when the row was read (such a row no longer counts as held).
+    when the row was read (such a row no longer counts as held). ``lease`` is what the
+    holder's heartbeat renews the row by (``None``: a fixed lease); ``host_id`` and
+    ``process_start`` identify the holder process (see ``tierlock.process``). After
+    hand-offs between threads of the holder process, ``thread_id``, ``thread_name``
+    and ``token`` name the current holder within one heartbeat.
     """
 
     key: str
@@ -92,3 +171,6 @@ class LockInfo:
     acquired_at: datetime
     expires_at: datetime
     expired: bool
+    lease: float | None = None
+    host_id: str | None = None
+    process_start: int | None = None

@@ -24,9 +24,13 @@ class LockStats:
     inserts: int = 0  #: lock rows inserted (holds won in the database)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours
-    handoffs: int = 0  #: holds passed to a local waiter with one UPDATE, no DELETE + INSERT
+    local_handoffs: int = 0  #: holds passed to a local waiter with no statement at all
+    handoffs: int = 0  #: holds passed to a local waiter with one UPDATE (a fixed lease)
+    reclaims: int = 0  #: rows of holder processes proven gone, taken over before their lease
     releases: int = 0  #: successful ``release()`` calls, reentrant ones included
-    lost_holds: int = 0  #: releases and extends that found the hold gone
+    heartbeats: int = 0  #: renewal statements the heartbeat sent
+    renewals: int = 0  #: holds renewed (one heartbeat statement renews many)
+    lost_holds: int = 0  #: holds found lost: by a renewal, a release or an extend
     reaped: int = 0  #: expired rows deleted by ``reap()`` and the reaper
 
 

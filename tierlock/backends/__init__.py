@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..records import LockInfo, Owner
@@ -25,15 +25,26 @@ __all__ = ["Doorbell", "LockBackend", "open_backend"]
 class LockBackend(abc.ABC):
     """Holds of keys with leases. Methods raise only tierlock errors."""
 
+    #: How many hand-offs between threads of a process one hold may have; each adds one
+    #: to its fencing token, which must stay below the token of any later hold.
+    MAX_HANDOFFS = 0
+
     @abc.abstractmethod
     def try_acquire(
-        self, key: str, owner: Owner, ttl: float, limit: float | None = None
+        self,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        lease: float | None = None,
+        limit: float | None = None,
     ) -> int | None:
-        """Take ``key`` for ``owner`` for ``ttl`` seconds if it is free or its lease
-        has ended; return the hold's fencing token, or ``None`` if someone holds it.
+        """Take ``key`` for ``owner`` for ``ttl`` seconds if it is free, its lease has
+        ended, or its holder process is proven gone; return the hold's fencing token,
+        or ``None`` if someone holds it.
 
-        ``limit``: seconds the try may wait for the database's own locks (``None``:
-        the backend's usual bound).
+        ``lease``: what the manager's heartbeat will renew the hold by (``None``: a
+        fixed lease). ``limit``: seconds the try may wait for the database's own locks
+        (``None``: the backend's usual bound).
         """
 
     @abc.abstractmethod
@@ -42,7 +53,8 @@ class LockBackend(abc.ABC):
         now or once the database can say that no statement for it is still under way.
 
         ``certain``: a row may exist even if no try failed (the acquire was cut short
-        by an interrupt); otherwise only an owner id in doubt is swept.
+        by an interrupt, or the hold was given up as lost); otherwise only an owner id
+        in doubt is swept.
         """
 
     @abc.abstractmethod
@@ -55,12 +67,31 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def handoff(
-        self, key: str, owner_id: str, token: int, successor: Owner, ttl: float
-    ) -> int | None:
-        """Pass ``owner_id``'s hold of ``key`` (fencing token ``token``) straight to
-        ``successor``, a thread of the same process, with a lease of ``ttl`` seconds
-        and a higher token, which is returned; ``None`` if the hold was no longer
-        ``owner_id``'s."""
+        self,
+        key: str,
+        owner_id: str,
+        handoffs: int,
+        successor: Owner,
+        ttl: float,
+        lease: float | None,
+    ) -> bool:
+        """Pass ``owner_id``'s hold of ``key`` to ``successor``, a thread of the same
+        process, recording ``handoffs`` (the hold's count so far) and a lease of ``ttl``
+        seconds from now, renewed by ``lease`` if given; ``False`` if the hold was no
+        longer ``owner_id``'s."""
+
+    @abc.abstractmethod
+    def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        """Renew each of ``holds`` (``(key, owner_id)`` pairs of renewed holds) by its
+        lease, from now, with as few statements as the backend can; return the owner
+        ids renewed. A hold left out was lost: its row is gone or its lease had ended."""
+
+    @abc.abstractmethod
+    def record_holder(
+        self, key: str, owner_id: str, holder: Owner, handoffs: int, lease: float | None
+    ) -> bool:
+        """Make ``owner_id``'s row of ``key`` name ``holder`` (a thread it passed to
+        without a statement), ``handoffs`` and ``lease``; ``False`` if it is not ours."""
 
     @abc.abstractmethod
     def extend(self, key: str, owner_id: str, ttl: float) -> bool:
@@ -75,9 +106,10 @@ class LockBackend(abc.ABC):
         """
         return Doorbell()
 
-    def others_waiting(self, key: str) -> bool:
-        """Whether pollers in other processes are known to wait for ``key``."""
-        return False
+    def others_waiting(self, key: str, ringing: bool) -> bool | None:
+        """Whether pollers in other processes wait for ``key``, which this process
+        holds (``ringing``: with a doorbell kept by its poller); ``None``: cannot tell."""
+        return None
 
     @abc.abstractmethod
     def is_locked(self, key: str) -> bool:

@@ -4,17 +4,20 @@ statement: ``table``; wake-ups: ``notify`` (PostgreSQL) and ``bells`` (MariaDB/M
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
+from ... import process
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
@@ -30,7 +33,15 @@ from .notify import Listener, channel_name
 from .running import Link, Queries, Runner
 from .schema import prepare_table
 from .sweeper import Sweep, Sweeper
-from .table import MYSQL_FAMILY, REAP_BATCH, Statements, check_table_name, fencing_token, lock_table
+from .table import (
+    MAX_ROW_HANDOFFS,
+    MYSQL_FAMILY,
+    REAP_BATCH,
+    Statements,
+    check_table_name,
+    fencing_token,
+    lock_table,
+)
 from .watchdog import Watchdog
 
 __all__ = ["SQLBackend"]
@@ -60,11 +71,26 @@ def _info(row: dict[str, Any]) -> LockInfo:
         acquired_at=_utc(row["acquired_at"]),
         expires_at=_utc(row["expires_at"]),
         expired=bool(row["expired"]),
+        lease=row["lease"],
+        host_id=row["host_id"],
+        process_start=row["proc_start"],
     )
+
+
+def _listed_params(holds: Sequence[tuple[str, str]], size: int) -> dict[str, str]:
+    """Parameters of a listed statement with ``size`` places (see ``Statements``)."""
+    params = {f"k{index}": "" for index in range(len(holds), size)}
+    params.update({f"o{index}": "" for index in range(len(holds), size)})
+    for index, (key, owner) in enumerate(holds):
+        params[f"k{index}"] = key
+        params[f"o{index}"] = owner
+    return params
 
 
 class SQLBackend(LockBackend):
     """Holds as rows of one table."""
+
+    MAX_HANDOFFS = MAX_ROW_HANDOFFS
 
     def __init__(
         self,
@@ -145,16 +171,24 @@ class SQLBackend(LockBackend):
         return fencing_token(*rows[0]) if rows else None
 
     def try_acquire(
-        self, key: str, owner: Owner, ttl: float, limit: float | None = None
+        self,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        lease: float | None = None,
+        limit: float | None = None,
     ) -> int | None:
         params = {
             "key": key,
             "owner": owner.owner_id,
             "host_name": owner.host,
+            "host_identity": owner.host_id,
             "proc": owner.pid,
+            "proc_started": owner.proc_start,
             "thread": owner.thread_id,
             "thread_label": owner.thread_name,
             "ttl": ttl,
+            "lease": lease,
         }
         queries = self.queries
         busy_wait = None
@@ -170,9 +204,7 @@ class SQLBackend(LockBackend):
             if busy_wait is not None:
                 link.limit_busy_wait(busy_wait)
             token = self._insert(link, params)
-            if token is None and link.execute(queries.delete_expired_key, params).rowcount:
-                logger.warning("lock %r: took over a hold whose lease had ended", key)
-                self.counters.add("takeovers")
+            if token is None and self._free_held_row(link, key):
                 token = self._insert(link, params)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
@@ -184,6 +216,30 @@ class SQLBackend(LockBackend):
         if token is not None and self._runner.doubts:
             self._runner.doubts.pop(owner.owner_id, None)
         return token
+
+    def _free_held_row(self, link: Link, key: str) -> bool:
+        """Delete the row holding ``key`` if its lease has ended or its holder process
+        is proven gone; ``True`` if it did, so the caller inserts again."""
+        rows = link.execute(self.queries.select_holder, {"key": key}).records()
+        if not rows:
+            return True  # released since the insert: try again at once
+        row = rows[0]
+        params = {"key": key, "row": row["token"]}
+        if row["expired"]:
+            if not link.execute(self.queries.delete_expired_row, params).rowcount:
+                return False  # renewed or taken meanwhile
+            logger.warning("lock %r: took over a hold whose lease had ended", key)
+            self.counters.add("takeovers")
+            return True
+        if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
+            return False
+        if not link.execute(self.queries.delete_row, params).rowcount:
+            return False
+        logger.warning(
+            "lock %r: took over the row of process %d, which has exited", key, row["pid"]
+        )
+        self.counters.add("reclaims")
+        return True
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}
@@ -199,33 +255,67 @@ class SQLBackend(LockBackend):
         return self._run("release", key, attempt)
 
     def handoff(
-        self, key: str, owner_id: str, token: int, successor: Owner, ttl: float
-    ) -> int | None:
+        self,
+        key: str,
+        owner_id: str,
+        handoffs: int,
+        successor: Owner,
+        ttl: float,
+        lease: float | None,
+    ) -> bool:
         params = {
             "key": key,
             "owner": owner_id,
-            "new_owner": successor.owner_id,
+            "handoffs": handoffs,
             "thread": successor.thread_id,
             "thread_label": successor.thread_name,
             "ttl": ttl,
+            "lease": lease,
         }
+        # The row stays ours whatever happens, so a retry after a lost reply just
+        # sets the same values again.
+        return self._run(
+            "handoff",
+            key,
+            lambda link, _: link.execute(self.queries.handoff_owned, params).rowcount == 1,
+        )
 
-        def attempt(link: Link, uncertain: bool) -> int | None:
-            if uncertain:
-                handed = self._owned_token(link, key, successor.owner_id)
-                if handed is not None:
-                    return handed
-            if link.execute(self.queries.handoff_owned, params).rowcount != 1:
-                return None
-            # The row was exactly as our hold left it, so its token is ours plus one.
-            return token + 1
+    def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        renewed: set[str] = set()
+        step = Queries.MOST_LISTED
+        for first in range(0, len(holds), step):
+            part = holds[first : first + step]
+            renewed |= self._run("renew", None, functools.partial(self._renew, part=part))
+        return renewed
 
-        # A hand-off whose outcome stays unknown leaves the successor's owner id in
-        # doubt: the successor's own first try then looks for the row under it.
-        handed = self._run("handoff", key, attempt, owner=successor.owner_id)
-        if self._runner.doubts:
-            self._runner.doubts.pop(successor.owner_id, None)
-        return handed
+    def _renew(self, link: Link, uncertain: bool, *, part: Sequence[tuple[str, str]]) -> set[str]:
+        """One statement renews ``holds``; a second, only if some were not renewed,
+        tells which were."""
+        query, size = self.queries.listed("renew_owned", len(part))
+        params = _listed_params(part, size)
+        self.counters.add("heartbeats")
+        owners = {owner for _, owner in part}
+        if link.execute(query, params).rowcount == len(part):
+            return owners
+        query, _ = self.queries.listed("select_live_owned", len(part))
+        return {row[0] for row in link.execute(query, params).rows} & owners
+
+    def record_holder(
+        self, key: str, owner_id: str, holder: Owner, handoffs: int, lease: float | None
+    ) -> bool:
+        params = {
+            "key": key,
+            "owner": owner_id,
+            "handoffs": handoffs,
+            "thread": holder.thread_id,
+            "thread_label": holder.thread_name,
+            "lease": lease,
+        }
+        return self._run(
+            "record",
+            key,
+            lambda link, _: link.execute(self.queries.record_holder, params).rowcount == 1,
+        )
 
     def discard(self, key: str, owner_id: str, *, certain: bool) -> None:
         sessions = self._runner.doubts.pop(owner_id, None) if self._runner.doubts else None
@@ -307,8 +397,11 @@ class SQLBackend(LockBackend):
             return self._bells.doorbell(key)
         return Doorbell(self._closing)
 
-    def others_waiting(self, key: str) -> bool:
-        return self._bells is not None and self._bells.waiting(key)
+    def others_waiting(self, key: str, ringing: bool) -> bool | None:
+        # A doorbell's named lock held by this process hides who waits behind it.
+        if self._bells is None or ringing:
+            return None
+        return self._bells.waiting(key)
 
     def _dedicated_connection(self) -> Any:
         """A driver connection in autocommit mode, outside the pool: for LISTEN, or

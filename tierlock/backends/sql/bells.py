@@ -65,13 +65,14 @@ class Bells:
     def doorbell(self, key: str) -> Doorbell:
         return _Bell(self, _name(self._table, key))
 
-    def waiting(self, key: str) -> bool:
-        """Whether a poller holds the key's named lock: someone is next in line."""
+    def waiting(self, key: str) -> bool | None:
+        """Whether a poller holds the key's named lock: someone is next in line
+        (``None``: the server could not be asked)."""
         try:
             connection = self._borrow()
             used = self._query(connection, "SELECT IS_USED_LOCK(%s)", _name(self._table, key))
         except _Failed:
-            return False
+            return None
         self._give_back(connection)
         return used is not None
 

@@ -86,18 +86,38 @@ class Query(NamedTuple):
 
 
 class Queries:
-    """Every statement of :class:`Statements`, compiled for one dialect."""
+    """Every statement of :class:`Statements`, compiled for one dialect; the statements
+    for a list of rows are compiled for sizes that are powers of two, when first used."""
+
+    # The most rows one listed statement names; longer lists are sent in parts.
+    MOST_LISTED = 512
 
     def __init__(self, statements: Statements, dialect: Dialect) -> None:
         for name, statement in vars(statements).items():
             if isinstance(statement, ClauseElement):
                 setattr(self, name, Query.compile(statement, dialect))
+        self._statements = statements
+        self._dialect = dialect
+        self._listed: dict[tuple[str, int], Query] = {}
+
+    def listed(self, name: str, count: int) -> tuple[Query, int]:
+        """Statement ``name`` of :class:`Statements` for ``count`` rows (at most
+        ``MOST_LISTED``), and the number of places it has."""
+        size = 1 << (count - 1).bit_length()
+        query = self._listed.get((name, size))
+        if query is None:
+            statement = getattr(self._statements, name)(size)
+            query = self._listed[name, size] = Query.compile(statement, self._dialect)
+        return query, size
 
     insert_if_absent: Query
-    delete_expired_key: Query
+    select_holder: Query
+    delete_expired_row: Query
+    delete_row: Query
     delete_owned: Query
     extend_owned: Query
     handoff_owned: Query
+    record_holder: Query
     select_owned_token: Query
     select_live: Query
     select_info: Query

@@ -8,6 +8,7 @@ import logging
 from sqlalchemy import Table, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.schema import CreateColumn
 
 from ...errors import BackendError
 from .engine import unreachable
@@ -43,7 +44,7 @@ def _create_table(engine: Engine, table: Table) -> None:
             if not _has_table(engine, table):
                 message = f"cannot create table {table.name!r}: {exc.orig}"
                 raise BackendError(message) from exc
-    _add_handoffs_column(engine, table)
+    _add_missing_columns(engine, table)
 
 
 def _check_autoinc_lock_mode(engine: Engine, table: Table) -> None:
@@ -69,19 +70,25 @@ def _has_table(engine: Engine, table: Table) -> bool:
         return False
 
 
-def _add_handoffs_column(engine: Engine, table: Table) -> None:
-    """Bring a table made by tierlock 0.1, which had no ``handoffs``, up to date."""
-    columns = {column["name"] for column in inspect(engine).get_columns(table.name)}
-    if "handoffs" in columns:
+def _add_missing_columns(engine: Engine, table: Table) -> None:
+    """Bring a table of an earlier version up to date: 0.1 had no ``handoffs``, and
+    0.2 none of the columns that came with renewed leases (all nullable)."""
+    missing = _missing(engine, table)
+    if not missing:
         return
     # Quoted as CREATE TABLE quoted it: PostgreSQL folds a bare MixedCase to lower case.
     name = engine.dialect.identifier_preparer.format_table(table)
-    ddl = f"ALTER TABLE {name} ADD COLUMN handoffs INTEGER NOT NULL DEFAULT 0"
-    try:
-        with engine.connect() as connection:
-            connection.exec_driver_sql(ddl)
-    except DBAPIError as exc:
-        columns = {c["name"] for c in inspect(engine).get_columns(table.name)}
-        if "handoffs" not in columns:  # (else another process added it first)
-            raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
-    logger.warning("added column handoffs to lock table %r", table.name)
+    for column in missing:
+        spec = CreateColumn(table.c[column]).compile(dialect=engine.dialect)
+        try:
+            with engine.connect() as connection:
+                connection.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {spec}")
+        except DBAPIError as exc:
+            if column in _missing(engine, table):  # (else another process added it first)
+                raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
+        logger.warning("added column %s to lock table %r", column, table.name)
+
+
+def _missing(engine: Engine, table: Table) -> list[str]:
+    present = {column["name"] for column in inspect(engine).get_columns(table.name)}
+    return [column.name for column in table.columns if column.name not in present]

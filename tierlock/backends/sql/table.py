@@ -14,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Double,
     Float,
     Index,
     Integer,
@@ -33,7 +34,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
-from sqlalchemy.sql.expression import ColumnElement, Delete, Executable, FunctionElement, Select
+from sqlalchemy.sql.expression import (
+    ColumnElement,
+    Delete,
+    Executable,
+    FunctionElement,
+    Select,
+    Update,
+)
 
 from ...keys import MAX_KEY_LENGTH
 
@@ -54,6 +62,7 @@ MYSQL_FAMILY = ("mysql", "mariadb")
 # the row was handed from one thread of its process to the next; handoffs per row stay
 # far below 2**HANDOFF_BITS, so tokens strictly increase across all holds of a key.
 HANDOFF_BITS = 16
+MAX_ROW_HANDOFFS = (1 << HANDOFF_BITS) - 1
 
 
 def fencing_token(token: int, handoffs: int) -> int:
@@ -104,7 +113,13 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     """The lock table. ``token`` is an ever-increasing identity, the base of the
     fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
     PostgreSQL's sequence never hand out a value twice, across restarts too.
-    ``handoffs`` counts the in-process hand-offs of the row (see ``fencing_token``)."""
+    ``handoffs`` counts the in-process hand-offs of the row (see ``fencing_token``).
+
+    The columns after ``expires_at`` came with renewed leases and are nullable, so that
+    a table of an earlier version gains them in place: ``lease`` is what the holder's
+    heartbeat renews the row by (``NULL``: a fixed lease), and ``host_id`` and
+    ``proc_start`` identify the holder process well enough to prove it gone (see
+    ``tierlock.process``)."""
     return Table(
         name,
         metadata if metadata is not None else MetaData(),
@@ -123,6 +138,9 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
         Column("thread_name", String(255), nullable=False),
         Column("acquired_at", Timestamp, nullable=False),
         Column("expires_at", Timestamp, nullable=False),
+        Column("lease", Double),
+        Column("host_id", String(64)),
+        Column("proc_start", BigInteger),
         UniqueConstraint("lock_key", name=f"uq_{name}_lock_key"),
         Index(f"ix_{name}_expires_at", "expires_at"),
         sqlite_autoincrement=True,
@@ -202,10 +220,12 @@ _SESSION_ALIVE = {
 
 class Statements:
     """Every statement for one table and dialect. Bound parameter names: ``key``,
-    ``owner``, ``ttl`` (seconds), ``new_owner``, and for the holder's record
-    ``host_name``, ``proc``, ``thread``, ``thread_label``."""
+    ``owner``, ``ttl`` and ``lease`` (seconds), ``row`` (a row's token), ``handoffs``,
+    and for the holder's record ``host_name``, ``host_identity``, ``proc``,
+    ``proc_started``, ``thread``, ``thread_label``."""
 
     def __init__(self, table: Table, dialect_name: str, channel: str | None = None) -> None:
+        self._table = table
         c = table.c
         key_is = c.lock_key == bindparam("key")
         owned = key_is & (c.owner_id == bindparam("owner"))
@@ -224,6 +244,9 @@ class Statements:
             "thread_name": bindparam("thread_label"),
             "acquired_at": utc_now(),
             "expires_at": utc_after(bindparam("ttl", type_=Float)),
+            "lease": bindparam("lease", type_=Float),
+            "host_id": bindparam("host_identity"),
+            "proc_start": bindparam("proc_started", type_=BigInteger),
         }
         # The token is drawn from the sequence before the server checks the unique key,
         # so a second insert of the key must not be able to draw, win, and release in
@@ -258,9 +281,20 @@ class Statements:
             # value is checked or cut to its column's size before it is sent.
             self.insert_if_absent = insert(table).from_select(names, row).prefix_with("IGNORE")
 
-        # delete_expired_key(key): 1 row if an expired hold of the key was removed so a
-        # waiter can take over; 0 rows if the key is free or held under a live lease.
-        self.delete_expired_key = delete(table).where(key_is & _expired(table))
+        # select_holder(key): the holder's row (its token, and who and where it is) with
+        # the database's verdict on its lease; no row if the key is free.
+        self.select_holder = select(
+            c.token, c.host_id, c.pid, c.proc_start, _expired(table).label("expired")
+        ).where(key_is)
+
+        # delete_expired_row(key, row): 1 row if that row of the key was removed because
+        # its lease had ended (a waiter takes over); 0 rows if it is gone or was renewed.
+        row_is = key_is & (c.token == bindparam("row", type_=BigInteger))
+        self.delete_expired_row = delete(table).where(row_is & _expired(table))
+
+        # delete_row(key, row): 1 row if that row of the key was removed, whatever its
+        # lease: its holder process is proven gone (see tierlock.process).
+        self.delete_row = delete(table).where(row_is)
 
         # delete_owned(key, owner): 1 row if the hold was ours and is now released;
         # 0 rows if it is no longer ours (reaped, taken over or force-released). With a
@@ -276,21 +310,27 @@ class Statements:
             update(table).where(owned).values(expires_at=utc_after(bindparam("ttl", type_=Float)))
         )
 
-        # handoff_owned(key, owner, new_owner, thread, thread_label, ttl): 1 row if our
-        # hold now belongs to new_owner, a thread of the same process, with one more
-        # handoff and a lease of ttl from now; 0 rows if it is no longer ours.
+        # handoff_owned(key, owner, handoffs, thread, thread_label, ttl, lease): 1 row if
+        # our hold now belongs to another thread of this process, with the hand-off count
+        # given (exactly: local hand-offs are counted in memory) and a lease of ttl from
+        # now, renewed by lease if given; 0 rows if the row is no longer ours.
+        holder = {
+            "handoffs": bindparam("handoffs", type_=Integer),
+            "thread_id": bindparam("thread"),
+            "thread_name": bindparam("thread_label"),
+            "acquired_at": utc_now(),
+            "lease": bindparam("lease", type_=Float),
+        }
         self.handoff_owned = (
             update(table)
             .where(owned)
-            .values(
-                owner_id=bindparam("new_owner"),
-                handoffs=c.handoffs + 1,
-                thread_id=bindparam("thread"),
-                thread_name=bindparam("thread_label"),
-                acquired_at=utc_now(),
-                expires_at=utc_after(bindparam("ttl", type_=Float)),
-            )
+            .values(**holder, expires_at=utc_after(bindparam("ttl", type_=Float)))
         )
+
+        # record_holder(key, owner, handoffs, thread, thread_label, lease): 1 row if our
+        # row now names the thread that holds it after hand-offs that sent no statement;
+        # 0 rows if it is no longer ours.
+        self.record_holder = update(table).where(owned).values(**holder)
 
         # select_owned_token(key, owner): token and handoffs if we hold the key, else
         # no row. Resolves an insert or hand-off whose outcome a dropped connection hid.
@@ -325,3 +365,30 @@ class Statements:
         else:
             batch = select(c.token).where(_expired(table)).limit(REAP_BATCH)
             self.delete_expired_batch = delete(table).where(c.token.in_(batch.scalar_subquery()))
+
+    # The heartbeat names the rows it renews: a statement for ``size`` rows binds keys
+    # k0, k1, ... and owner ids o0, o1, ... (unused places get "", which no row has).
+    # Owner ids are unique to one row, so the rows matched are exactly those listed
+    # that are still ours, and their count tells whether any was lost.
+
+    def renew_owned(self, size: int) -> Update:
+        """1 row for each listed row still ours with a live, renewed lease: it now lasts
+        its ``lease`` from now. Rows whose lease ended are left to expire."""
+        c = self._table.c
+        return (
+            update(self._table)
+            .where(_listed(self._table, size) & c.lease.isnot(None) & ~_expired(self._table))
+            .values(expires_at=utc_after(c.lease))
+        )
+
+    def select_live_owned(self, size: int) -> Select[Any]:
+        """The owner ids of the listed rows still ours with a live lease."""
+        return select(self._table.c.owner_id).where(
+            _listed(self._table, size) & ~_expired(self._table)
+        )
+
+
+def _listed(table: Table, size: int) -> ColumnElement[bool]:
+    keys: list[ColumnElement[Any]] = [bindparam(f"k{index}") for index in range(size)]
+    owners: list[ColumnElement[Any]] = [bindparam(f"o{index}") for index in range(size)]
+    return table.c.lock_key.in_(keys) & table.c.owner_id.in_(owners)

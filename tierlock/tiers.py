@@ -1,0 +1,357 @@
+"""The two tiers at work: how a thread of a manager acquires, passes on and releases a key.
+
+Tier 1 (``local.Registry``) queues the threads of the process that want a key; the one
+at the head asks the backend (tier 2). A released hold goes to the next local waiter:
+
+* with **no statement** when both renew their leases: the row stays with the process,
+  which the heartbeat keeps alive, and the successor's fencing token is one higher, in
+  memory (the heartbeat writes the new holder and count into the row);
+* with one UPDATE when either holds a fixed lease, which the database must set;
+* back to the database once a cohort of hand-offs in a row reaches ``COHORT_LIMIT`` or
+  ``COHORT_TIME`` while other processes may be waiting, so that they get their turn
+  (lock cohorting); when they surely are, the next local waiter lets them try first.
+
+Every exit is safe: an acquire cut short at any point (a timeout, an exception raised
+by a signal handler) passes on what it got, and waking a successor never depends on a
+statement (see ``local``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import NoReturn
+
+from .backends import LockBackend
+from .errors import LockError, LockLostError, NotHeldError
+from .leases import Heartbeat
+from .local import Registry
+from .records import Hold, Owner
+from .stats import Counters
+
+__all__ = ["OnLost", "Tiers"]
+
+logger = logging.getLogger(__name__)
+
+OnLost = Callable[[str, int], None]
+
+# Pauses between two tries at a key held elsewhere start here and double, with jitter
+# so that waiting processes do not try in step, up to the manager's poll interval.
+FIRST_POLL = 0.002
+# A cohort of hand-offs in a row within the process ends after this many, or this many
+# seconds, when other processes may be waiting for the key; then the key goes back to
+# the database. Chosen from the benchmark's hot-key runs: long enough that a hot key
+# costs a small fraction of a statement per critical section, short enough that the
+# other processes' threads are served about as often as this one's.
+COHORT_LIMIT = 64
+COHORT_TIME = 0.005
+# When a cohort ends because other processes wait, the next local waiter lets them try
+# first for this many seconds: long enough for a woken poller's insert to arrive.
+COURTESY_PAUSE = 0.005
+
+
+class Request:
+    """What a waiting thread asks for, for a releasing thread to act on."""
+
+    __slots__ = ("courteous", "on_lost", "owner", "renew", "ttl")
+
+    def __init__(self, owner: Owner, ttl: float, renew: bool, on_lost: OnLost | None) -> None:
+        self.owner = owner
+        self.ttl = ttl
+        self.renew = renew
+        self.on_lost = on_lost
+        self.courteous = False  # let other processes try first
+
+
+class Tiers:
+    """Acquire, release and extend for one manager's threads."""
+
+    def __init__(
+        self, backend: LockBackend, counters: Counters, *, poll_interval: float, idle: float
+    ) -> None:
+        self.backend = backend
+        self.counters = counters
+        self.poll_interval = poll_interval
+        self.registry: Registry[Hold, Request] = Registry(counters)
+        self.heartbeat = Heartbeat(backend, counters, idle)
+        self.closed = False
+
+    def after_fork(self) -> None:
+        self.registry.reset()
+        self.heartbeat.forget()
+
+    def close(self) -> None:
+        self.closed = True
+        self.registry.close()
+        self.heartbeat.close()
+
+    def check_open(self, key: str | None = None) -> None:
+        if self.closed:
+            raise LockError("this LockManager is closed", key)
+
+    # -- what a thread holds -------------------------------------------------------
+
+    def owned(self, key: str) -> bool:
+        """Whether the calling thread holds ``key`` with a lease that surely still runs."""
+        hold = self.registry.hold(key)
+        return hold is not None and not hold.lost and time.monotonic() < hold.live_until
+
+    def token(self, key: str) -> int | None:
+        hold = self.registry.hold(key)
+        return None if hold is None else hold.token
+
+    # -- acquire -------------------------------------------------------------------
+
+    def acquire(
+        self, key: str, ttl: float, renew: bool, on_lost: OnLost | None, wait: float | None
+    ) -> bool:
+        self.check_open(key)
+        if asyncio._get_running_loop() is not None:
+            # Coroutines of one loop share its thread, so a thread-owned lock would
+            # let them all in at once, and a wait would stall the loop.
+            raise LockError(
+                "tierlock.Lock belongs to threads and cannot be acquired in a thread that "
+                "runs an asyncio event loop; call it from a worker thread "
+                "(asyncio.to_thread) until tierlock's asyncio API is available",
+                key,
+            )
+        registry = self.registry
+        if registry.reenter(key):
+            self.counters.add("reentrant_acquisitions")
+            self.counters.add("acquisitions")
+            return True
+        if wait == 0 and registry.busy(key):
+            return False  # another thread of this process holds or asks for it
+        deadline = None if wait is None else time.monotonic() + wait
+        request = Request(Owner.current(), ttl, renew, on_lost)
+        owner_id = request.owner.owner_id
+        try:
+            if not registry.claim(key, wait, request):
+                return False
+            self.check_open(key)
+            if registry.hold(key) is None:  # (else handed over by a local holder)
+                hold = self._acquire_remote(key, request, deadline)
+                if hold is None:
+                    self.backend.discard(key, owner_id, certain=False)
+                    registry.unclaim(key)
+                    return False
+                registry.settle(key, hold)
+                if hold.lease is not None:
+                    self.heartbeat.add(hold)
+                logger.debug("acquired %r (token %d, owner %s)", key, hold.token, owner_id)
+        except BaseException as exc:
+            # An interrupt may have come at any point: after a statement was sent, or
+            # once a hand-off gave this thread the claim; pass on whatever it got.
+            self._abandon(key, owner_id, certain=not isinstance(exc, LockError))
+            raise
+        self.counters.add("acquisitions")
+        return True
+
+    def _abandon(self, key: str, owner_id: str, *, certain: bool) -> None:
+        """Undo the calling thread's acquire of ``key`` that will not return a hold.
+
+        ``certain``: the acquire was cut short by an exception that is not tierlock's,
+        so a row of ``owner_id`` may exist that nothing confirmed.
+        """
+        registry = self.registry
+        if not registry.claims(key):
+            return  # it never left the queue, so it never talked to the database
+        hold = registry.hold(key)
+        if hold is None:
+            registry.unclaim(key)
+            self.backend.discard(key, owner_id, certain=certain)
+            return
+        registry.exit(key)
+        try:
+            self._let_go(key, hold)
+        except LockError as exc:
+            logger.warning("passing on %r after an interrupted acquire failed: %s", key, exc)
+
+    def _acquire_remote(self, key: str, request: Request, deadline: float | None) -> Hold | None:
+        """Try the backend until it grants ``key`` or ``deadline`` passes.
+
+        No connection is held between tries: each takes one from the pool and returns it.
+        """
+        owner, ttl = request.owner, request.ttl
+        lease = ttl if request.renew else None
+        backend = self.backend
+        doorbell = backend.doorbell(key) if request.courteous else None
+        pause = FIRST_POLL
+        missed = False  # whether another process held the key at some try
+        try:
+            if doorbell is not None:
+                doorbell.wait(COURTESY_PAUSE)
+            while True:
+                self.check_open(key)
+                if doorbell is not None:
+                    doorbell.arm()
+                sent = time.monotonic()
+                limit = None if deadline is None else deadline - sent
+                token = backend.try_acquire(key, owner, ttl, lease, limit)
+                if token is not None:
+                    ring = None if doorbell is None else doorbell.keep()
+                    return Hold(
+                        key,
+                        owner,
+                        token,
+                        ttl,
+                        request.renew,
+                        sent + ttl,
+                        request.on_lost,
+                        contended=missed,
+                        ring=ring,
+                    )
+                missed = True
+                self.check_open(key)
+                if doorbell is None:
+                    doorbell = backend.doorbell(key)
+                delay = random.uniform(pause / 2, pause)
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    delay = min(delay, remaining)
+                doorbell.wait(delay)
+                pause = min(pause * 2, self.poll_interval)
+        finally:
+            if doorbell is not None:
+                doorbell.close()
+
+    # -- release ---------------------------------------------------------------------
+
+    def release(self, key: str) -> None:
+        hold = self.registry.exit(key)
+        if hold is None:
+            self.counters.add("releases")
+            return  # an inner reentrant release
+        self._let_go(key, hold)
+        self.counters.add("releases")
+        logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
+
+    def _let_go(self, key: str, hold: Hold) -> None:
+        """Pass the calling thread's last hold of ``key`` to the next local waiter, or
+        release it in the database. The waiter is woken whatever happens here."""
+        registry = self.registry
+        while True:
+            successor = registry.successor(key)
+            cohort = successor is not None and not hold.lost and self._cohort_goes_on(hold)
+            if cohort and successor is not None and self._passes_locally(hold, successor.request):
+                self._pass(hold, successor.request)
+                self.counters.add("local_handoffs")
+                if registry.pass_on(key, successor, hold):
+                    return
+                continue  # the successor left at the last moment: pass it on in turn
+            handed: Hold | None = None
+            try:
+                if hold.lost:
+                    released = False
+                elif cohort and successor is not None:
+                    handed = self._hand_off(key, hold, successor.request)
+                    released = handed is not None
+                else:
+                    if successor is not None and (
+                        hold.contended or self.backend.others_waiting(key, hold.ring is not None)
+                    ):
+                        successor.request.courteous = True
+                    self.heartbeat.remove(hold)
+                    released = self.backend.release(key, hold.owner_id, hold.live_until)
+            except LockError:
+                # Whether the row is still ours is unknown: make sure it goes.
+                self.heartbeat.remove(hold)
+                self.backend.discard(key, hold.owner_id, certain=True)
+                raise
+            finally:
+                # Waking the successor comes first and cannot raise; ringing can.
+                passed = successor is None or registry.pass_on(key, successor, handed)
+                if handed is None and hold.ring is not None:
+                    hold.ring()  # the row left this process: wake pollers elsewhere
+            if passed:
+                break
+            # The successor left just as the hold was handed to it: pass it on in turn.
+            assert handed is not None
+            hold = handed
+        if not released:
+            self._lost(hold, "its release")
+
+    @staticmethod
+    def _passes_locally(hold: Hold, request: Request) -> bool:
+        """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
+        both renew their leases, and the lease surely runs."""
+        return hold.lease is not None and request.renew and time.monotonic() < hold.live_until
+
+    def _cohort_goes_on(self, hold: Hold) -> bool:
+        """Whether one more hand-off in a row keeps within the cohort's bound, or other
+        processes surely do not wait (then a new cohort begins)."""
+        if hold.handoffs >= self.backend.MAX_HANDOFFS:
+            return False
+        now = time.monotonic()
+        if not hold.cohort:
+            hold.cohort_began = now
+        if hold.cohort < COHORT_LIMIT and now - hold.cohort_began < COHORT_TIME:
+            return True
+        if self.backend.others_waiting(hold.key, hold.ring is not None) is False:
+            hold.cohort, hold.cohort_began = 0, now
+            return True
+        return False
+
+    def _pass(self, hold: Hold, request: Request) -> None:
+        """Make ``hold`` the successor's: one more hand-off, in memory."""
+        hold.token += 1
+        hold.handoffs += 1
+        hold.cohort += 1
+        hold.holder = request.owner
+        hold.ttl = request.ttl
+        hold.on_lost = request.on_lost
+        hold.recorded = False
+
+    def _hand_off(self, key: str, hold: Hold, request: Request) -> Hold | None:
+        """Pass ``hold`` to a waiting thread with one UPDATE, which sets the lease the
+        successor asks for; ``None`` if the row was no longer ours. If the database
+        cannot confirm, the hold passes all the same (the row is ours either way), with
+        the lease it surely has."""
+        lease = request.ttl if request.renew else None
+        if lease is None:
+            self.heartbeat.remove(hold)
+        sent = time.monotonic()
+        try:
+            passed = self.backend.handoff(
+                key, hold.owner_id, hold.handoffs + 1, request.owner, request.ttl, lease
+            )
+        except LockError as exc:
+            logger.warning("lock %r passed without its new lease recorded: %s", key, exc)
+            self.heartbeat.remove(hold)
+            self._pass(hold, request)
+            hold.lease = None  # whatever the row says, nothing renews it now
+            return hold
+        if not passed:
+            return None
+        self._pass(hold, request)
+        hold.recorded = True
+        hold.lease = lease
+        hold.live_until = sent + request.ttl
+        if lease is not None:
+            self.heartbeat.add(hold)
+        self.counters.add("handoffs")
+        return hold
+
+    # -- extend ----------------------------------------------------------------------
+
+    def extend(self, key: str, ttl: float) -> None:
+        hold = self.registry.hold(key)
+        if hold is None:
+            raise NotHeldError(key)
+        if hold.lost:
+            raise LockLostError(key, hold.token)
+        sent = time.monotonic()
+        if not self.backend.extend(key, hold.owner_id, ttl):
+            self._lost(hold, "it could be extended")
+        hold.live_until = sent + ttl
+        logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
+
+    def _lost(self, hold: Hold, before: str) -> NoReturn:
+        """Report ``hold``, found gone at a release or extend, and raise."""
+        self.heartbeat.lost(hold, f"its row was gone before {before}", sweep=False)
+        raise LockLostError(hold.key, hold.token)
