@@ -5,7 +5,8 @@ long GC pause, a stopped VM) wakes up believing it still holds the lock. Its wri
 stopped by the storage, not by the lock: every write carries ``lock.token``, and the
 store refuses a token lower than the highest it has accepted.
 
-Here holder A takes the lock with a one-second lease and stalls; B waits, takes the
+Here holder A takes the lock with a fixed one-second lease (``renew=False``; a renewed
+lease ends only when the whole process stops or loses the database) and stalls; B waits, takes the
 lock over once A's lease has ended, and writes; then A wakes up, its write is refused,
 and its release raises ``LockLostError``. A and B use separate managers, as two
 processes would::
@@ -49,7 +50,7 @@ class FencedStore:
 def holder_a(
     locks: tierlock.LockManager, store: FencedStore, held: threading.Event, b_done: threading.Event
 ) -> None:
-    lock = locks.lock(KEY, ttl=TTL)
+    lock = locks.lock(KEY, ttl=TTL, renew=False)  # a fixed lease, so that a stall can outlast it
     lock.acquire()
     token = lock.token
     assert token is not None

@@ -136,8 +136,21 @@ def hammer(
         raise AssertionError("\n".join(failures))
 
 
-def hold(*, url: str, table: str, key: str, ttl: float, held: Event, may_release: Event) -> None:
-    """Take ``key`` with lease ``ttl``, set ``held``, and release once ``may_release`` is set."""
+def hold(
+    *,
+    url: str,
+    table: str,
+    key: str,
+    ttl: float,
+    held: Event,
+    may_release: Event,
+    host_id: str | None = None,
+) -> None:
+    """Take ``key`` with lease ``ttl``, set ``held``, and release once ``may_release`` is
+    set. With ``host_id``, the row names that host identity, as if the child ran on
+    another host (whose processes a waiter here cannot see)."""
+    if host_id is not None:
+        tierlock.process.host_identity = lambda: host_id  # type: ignore[assignment]
     with open_manager(url, table) as manager:
         lock = manager.lock(key, ttl=ttl)
         if not lock.acquire(timeout=WAIT_LIMIT):

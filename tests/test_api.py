@@ -17,12 +17,15 @@ def test_all_public_names_are_exported() -> None:
         "demo",
         "errors",
         "keys",
+        "leases",
         "local",
         "lock",
         "manager",
+        "process",
         "reaper",
         "records",
         "stats",
+        "tiers",
     }
     assert public - modules == set(tierlock.__all__) - {"__version__"}
 

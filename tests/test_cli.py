@@ -169,7 +169,7 @@ def test_ls_shows_every_holder(
 ) -> None:
     locks = make_manager()
     live = locks.lock(key + ":live", ttl=30)  # under a minute: shown in seconds
-    stale = locks.lock(key + ":stale", ttl=0.05)
+    stale = locks.lock(key + ":stale", ttl=0.05, renew=False)
     assert live.acquire(timeout=procs.WAIT_LIMIT)
     assert stale.acquire(timeout=procs.WAIT_LIMIT)
     expire(stale)
@@ -218,7 +218,7 @@ def test_reap_deletes_only_expired_rows(
 ) -> None:
     locks = make_manager()
     live = locks.lock(key + ":live", ttl=60)
-    stale = locks.lock(key + ":stale", ttl=0.05)
+    stale = locks.lock(key + ":stale", ttl=0.05, renew=False)
     assert live.acquire(timeout=procs.WAIT_LIMIT)
     assert stale.acquire(timeout=procs.WAIT_LIMIT)
     expire(stale)
@@ -376,7 +376,7 @@ def test_reaper_service_reaps_and_stops_on_sigterm(
     lines = Lines(reaper.stdout)
     lines.wait_for("every 0.05 s")  # ready: the first pass ran and the signals are handled
 
-    stale = locks.lock(key, ttl=0.05)
+    stale = locks.lock(key, ttl=0.05, renew=False)
     assert stale.acquire(timeout=procs.WAIT_LIMIT)
     lines.wait_for("reaped 1 expired lock(s)")
     assert locks.info(key) is None

@@ -158,7 +158,7 @@ def test_release_after_a_cut_and_a_takeover_reports_the_loss(
 ) -> None:
     """A row found gone after a dropped connection counts as released only while the
     lease surely ran; past it, the row may have been taken, and the loss is reported."""
-    lock = locks.lock(key, ttl=0.3)
+    lock = locks.lock(key, ttl=0.3, renew=False)
     assert lock.acquire(timeout=ACQUIRE_TIMEOUT)
     taker = direct.lock(key)
     assert taker.acquire(timeout=ACQUIRE_TIMEOUT)  # once the lease ended

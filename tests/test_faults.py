@@ -69,7 +69,7 @@ def test_reaped_holder_is_fenced_off_and_told(make_manager: MakeManager, key: st
     """A holder paused past its lease is reaped; the next holder's token outranks it,
     so the store rejects the paused holder's write, and its extend and release raise
     LockLostError without touching the new holder's row."""
-    paused = make_manager().lock(key, ttl=KILLED_TTL)
+    paused = make_manager().lock(key, ttl=KILLED_TTL, renew=False)
     reaper = make_manager(reaper_interval=0.1)
     store = FencedStore()
     assert paused.acquire(blocking=False)

@@ -19,7 +19,7 @@ MakeManager = Callable[..., tierlock.LockManager]
 def test_lost_hold_is_not_handed_to_a_local_waiter(make_manager: MakeManager, key: str) -> None:
     """A hold whose lease ran out and was taken elsewhere is lost for its holder, and
     the local waiter queued behind it gets the key only from the database."""
-    manager, other = make_manager(ttl=0.5), make_manager()
+    manager, other = make_manager(ttl=0.5, renew=False), make_manager()
     lock = manager.lock(key)
     assert lock.acquire()
     queued = threading.Event()

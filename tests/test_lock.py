@@ -165,8 +165,9 @@ def test_local_waiter_does_not_touch_the_database(
 def test_hot_key_passes_between_threads_within_the_cohort_bound(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str, renew: bool
 ) -> None:
-    """8 threads on one key: a hold passes from thread to thread at most COHORT_LIMIT
-    times in a row, each time with a higher fencing token; with renewed leases a pass
+    """8 threads on one key: a hold passes from thread to thread, each time with a
+    higher fencing token, at most COHORT_LIMIT times in a row unless the database shows
+    that no other process waits; with renewed leases a pass
     sends no statement at all, with fixed ones one UPDATE; otherwise a section costs
     the insert and the delete."""
     engine, checkouts = counting_engine
@@ -195,8 +196,11 @@ def test_hot_key_passes_between_threads_within_the_cohort_bound(
     sections = threads_count * rounds
     assert counter[0] == sections
     assert tokens == sorted(set(tokens))  # strictly increasing, hand-offs included
-    assert max(token & 0xFFFF for token in tokens) <= COHORT_LIMIT
     stats = manager.stats()
+    if not stats.doorbell_queries:
+        # No process could be seen to wait, nor shown not to: cohorts keep their bound.
+        # (MariaDB's named locks show that none waits, and then a cohort goes on.)
+        assert max(token & 0xFFFF for token in tokens) <= COHORT_LIMIT
     assert stats.releases == stats.inserts + stats.handoffs + stats.local_handoffs == sections
     assert stats.heartbeats == 0
     if renew:
@@ -242,7 +246,7 @@ def test_threads_of_two_managers_exclude_each_other(make_manager: MakeManager, k
 
 def test_lease_expiry_lets_a_waiter_take_over(make_manager: MakeManager, key: str) -> None:
     first, second = make_manager(), make_manager()
-    old = first.lock(key, ttl=0.5)
+    old = first.lock(key, ttl=0.5, renew=False)
     assert old.acquire()
     old_token = old.token
     assert old_token is not None
@@ -265,7 +269,7 @@ def test_lease_expiry_lets_a_waiter_take_over(make_manager: MakeManager, key: st
 def test_expired_row_is_not_locked_until_reaped(make_manager: MakeManager, key: str) -> None:
     manager = make_manager()
     other = make_manager()
-    lock = manager.lock(key, ttl=0.3)
+    lock = manager.lock(key, ttl=0.3, renew=False)
     assert lock.acquire()
     info = wait_until(lambda: _expired_info(other, key), "the lease to end")
     assert isinstance(info, tierlock.LockInfo)
@@ -326,7 +330,7 @@ def test_skewed_client_clock_changes_nothing(
     for skew in (3600.0, -3600.0):
         monkeypatch.setattr(time, "time", lambda skew=skew: real_time() + skew)
         monkeypatch.setattr(time, "time_ns", lambda skew=skew: real_time_ns() + int(skew * 1e9))
-        lock = holder.lock(key, ttl=0.6)
+        lock = holder.lock(key, ttl=0.6, renew=False)
         assert lock.acquire()
         info = holder.info(key)
         assert info is not None
@@ -382,7 +386,7 @@ def test_waiting_does_not_pin_a_connection(
 
 def test_reaper_job_deletes_expired_rows(make_manager: MakeManager, key: str) -> None:
     manager = make_manager()
-    lock = manager.lock(key, ttl=0.2)
+    lock = manager.lock(key, ttl=0.2, renew=False)
     assert lock.acquire()
     assert not manager.reaper_running
     manager.start_reaper(0.1)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 
 import procs
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 import tierlock
 
@@ -24,6 +26,7 @@ THREADS = 4
 SECTIONS = 10  # per thread
 TOTAL = PROCESSES * THREADS * SECTIONS
 DEAD_TTL = 1.0  # the lease of a holder that gets killed
+RECLAIM_TTL = 30.0  # a lease that a reclaim need not wait out
 SLACK = 5.0  # generous room for a loaded machine in upper bounds
 
 
@@ -123,19 +126,28 @@ def test_wait_for_holder_in_other_process(
 
 
 def kill_holder(
-    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+    manager: tierlock.LockManager,
+    db_url: str,
+    table: str,
+    key: str,
+    children: procs.Children,
+    *,
+    ttl: float = DEAD_TTL,
+    host_id: str | None = None,
 ) -> tuple[tierlock.LockInfo, float]:
-    """Start a child that takes ``key`` with lease ``DEAD_TTL`` and SIGKILL it while it
-    holds; return its row and the monotonic time it was known to hold."""
+    """Start a child that takes ``key`` with lease ``ttl`` (as if on host ``host_id``, if
+    given) and SIGKILL it while it holds; return its row and the monotonic time it was
+    known to hold."""
     held, may_release = procs.CTX.Event(), procs.CTX.Event()
     holder = children.start(
         procs.hold,
         url=db_url,
         table=table,
         key=key,
-        ttl=DEAD_TTL,
+        ttl=ttl,
         held=held,
         may_release=may_release,
+        host_id=host_id,
     )
     assert held.wait(procs.WAIT_LIMIT)
     held_at = time.monotonic()
@@ -153,8 +165,9 @@ def kill_holder(
 def test_killed_holder_is_taken_over_after_its_lease(
     manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
 ) -> None:
-    """A holder killed with SIGKILL frees the key when its lease ends, not before."""
-    dead, held_at = kill_holder(manager, db_url, table, key, children)
+    """A holder on another host killed with SIGKILL frees the key when its lease ends,
+    not before: nothing here can tell that it is gone."""
+    dead, held_at = kill_holder(manager, db_url, table, key, children, host_id="elsewhere")
     lock = manager.lock(key)
     assert lock.acquire(timeout=procs.WAIT_LIMIT)
     taken_at = time.monotonic()
@@ -168,6 +181,67 @@ def test_killed_holder_is_taken_over_after_its_lease(
     finally:
         lock.release()
     assert manager.info(key) is None
+
+
+@pytest.mark.slow
+def test_killed_holder_on_this_host_is_reclaimed_at_once(
+    manager: tierlock.LockManager, db_url: str, table: str, key: str, children: procs.Children
+) -> None:
+    """A waiter on the holder's host sees that the holder process is gone and takes the
+    row over with a higher token, long before the lease would have ended."""
+    dead, _ = kill_holder(manager, db_url, table, key, children, ttl=RECLAIM_TTL)
+    assert dead.host_id is not None and dead.process_start is not None
+    killed_at = time.monotonic()
+    lock = manager.lock(key)
+    assert lock.acquire(timeout=procs.WAIT_LIMIT)
+    taken_after = time.monotonic() - killed_at
+    info = manager.info(key)
+    lock.release()
+    assert info is not None and info.token > dead.token and info.pid == os.getpid()
+    assert manager.stats().reclaims == 1
+    assert taken_after < RECLAIM_TTL / 2  # (without the reclaim: the whole lease)
+
+
+@pytest.mark.slow
+def test_reused_pid_does_not_keep_a_dead_holders_row(
+    manager: tierlock.LockManager,
+    engine: Engine,
+    db_url: str,
+    table: str,
+    key: str,
+    children: procs.Children,
+) -> None:
+    """A live process that got the dead holder's pid is younger than the row says: the
+    row is reclaimed all the same. A live holder's row is never reclaimed."""
+    rival = manager.lock(key)
+    held, may_release = procs.CTX.Event(), procs.CTX.Event()
+    first = children.start(
+        procs.hold,
+        url=db_url,
+        table=table,
+        key=key,
+        ttl=RECLAIM_TTL,
+        held=held,
+        may_release=may_release,
+    )
+    assert held.wait(procs.WAIT_LIMIT)
+    assert not rival.acquire(timeout=0.2)  # its holder lives: no reclaim
+    dead, _ = kill_holder(manager, db_url, table, f"{key}:dead", children, ttl=RECLAIM_TTL)
+    # The dead holder's pid now names a live process (the first child, still holding).
+    live = manager.info(key)
+    assert live is not None and live.pid != dead.pid
+    with engine.begin() as connection:
+        connection.execute(
+            text(f"UPDATE {table} SET pid = :pid WHERE lock_key = :key"),
+            {"pid": live.pid, "key": f"{key}:dead"},
+        )
+    lock = manager.lock(f"{key}:dead")
+    assert lock.acquire(timeout=procs.WAIT_LIMIT)
+    lock.release()
+    assert manager.stats().reclaims == 1
+    may_release.set()
+    first.join(procs.WAIT_LIMIT)
+    assert first.exitcode == 0
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def test_reaper_passes_log_nothing_below_warning(
 ) -> None:
     caplog.set_level(logging.DEBUG)  # the root logger, so every logger that does not say
     manager = make_manager()
-    lock = manager.lock(key, ttl=0.05)
+    lock = manager.lock(key, ttl=0.05, renew=False)
     assert lock.acquire()
     wait_until(lambda: not lock.locked(), "the lease to end")
     manager.start_reaper(0.05)

@@ -162,21 +162,27 @@ def test_odd_thread_names_are_stored_safely(
     assert manager.info(key) is None
 
 
+@pytest.mark.parametrize("renew", [False, True], ids=["fixed", "renewed"])
 @pytest.mark.parametrize(("name", "stored"), ODD_NAMES)
 def test_odd_thread_name_of_a_waiter_survives_the_hand_off(
-    manager: tierlock.LockManager, key: str, name: str, stored: str
+    manager: tierlock.LockManager, key: str, name: str, stored: str, renew: bool
 ) -> None:
-    """The hand-off UPDATE is sent by the releasing thread with the waiter's name, so a
-    name the database cannot take would break the holder's release."""
-    lock = manager.lock(key)
+    """A fixed-lease hand-off UPDATE is sent by the releasing thread with the waiter's
+    name, and a renewed hold's heartbeat writes it after a hand-off that sent nothing:
+    a name the database cannot take would break the holder's release or the beat."""
+    lock = manager.lock(key, ttl=1.5, renew=renew)
     assert lock.acquire()
     seen: list[tierlock.LockInfo | None] = []
     errors: list[BaseException] = []
 
+    def named_holder() -> tierlock.LockInfo | None:
+        info = manager.info(key)
+        return info if info is not None and info.thread_name == stored else None
+
     def wait_in_line() -> None:
         try:
             assert lock.acquire(timeout=20)
-            seen.append(manager.info(key))
+            seen.append(named_holder() if not renew else wait_until(named_holder, "the beat"))
             lock.release()
         except BaseException as exc:
             errors.append(exc)
@@ -187,7 +193,8 @@ def test_odd_thread_name_of_a_waiter_survives_the_hand_off(
     lock.release()
     waiter.join(20)
     assert errors == []
-    assert manager.stats().handoffs == 1
+    stats = manager.stats()
+    assert (stats.handoffs, stats.local_handoffs) == ((0, 1) if renew else (1, 0))
     assert len(seen) == 1 and seen[0] is not None
     assert seen[0].thread_name == stored
     assert manager.info(key) is None

@@ -2,8 +2,8 @@
 
 Three worker threads own holds: workers 0 and 1 share one manager (so tier 1 stands
 between them), worker 2 has a manager of its own (so only the table does). Rules run
-acquire, release and extend on a chosen worker's thread, let a hold's lease run out by
-the database's clock, reap, and force-release; the model says what each must return or
+acquire, release and extend on a chosen worker's thread, let a hold's (fixed) lease run
+out by the database's clock, reap, and force-release; the model says what each must return or
 raise (reentrancy depth, NotHeldError, LockLostError after a takeover, reap or
 force-release) and what the table must hold after every step.
 """
@@ -88,6 +88,7 @@ class ModelHold:
     depth: int
     token: int
     row: str  # LIVE, EXPIRED or LOST
+    lease_ended: bool = False  # as its thread can tell (a force-release it learns late)
 
 
 class LockMachine(RuleBasedStateMachine):
@@ -97,7 +98,9 @@ class LockMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.managers = [
-            tierlock.LockManager(self.url, table=self.table, reaper_interval=None, ttl=TTL)
+            tierlock.LockManager(
+                self.url, table=self.table, reaper_interval=None, ttl=TTL, renew=False
+            )
             for _ in range(max(MANAGER_OF) + 1)
         ]
         self.workers = [Worker(f"worker-{index}") for index in range(WORKERS)]
@@ -192,9 +195,11 @@ class LockMachine(RuleBasedStateMachine):
         elif hold.row == LOST:
             with pytest.raises(tierlock.LockLostError):
                 self.workers[worker].run(lock.extend)
+            hold.lease_ended = True  # now its thread knows
         else:
             self.workers[worker].run(lock.extend)
             hold.row = LIVE
+            hold.lease_ended = False
 
     @precondition(
         lambda self: any(hold.row == LIVE for holds in self.holds for hold in holds.values())
@@ -219,6 +224,7 @@ class LockMachine(RuleBasedStateMachine):
             assert time.monotonic() < deadline, "the lease never ran out"
             time.sleep(SHORT_TTL / 2)
         self.holds[key][worker].row = EXPIRED
+        self.holds[key][worker].lease_ended = True
 
     def row_expired(self, key: int) -> bool:
         info = self.managers[0].info(self.keys[key])
@@ -260,7 +266,9 @@ class LockMachine(RuleBasedStateMachine):
                 lock = self.lock(worker, key)
                 hold = self.holds[key].get(worker)
                 owned, token = self.workers[worker].run(functools.partial(_ownership, lock))
-                assert (owned, token) == ((True, hold.token) if hold else (False, None))
+                # A thread owns a hold only while its lease surely runs.
+                expected = (not hold.lease_ended, hold.token) if hold else (False, None)
+                assert (owned, token) == expected
 
     def teardown(self) -> None:
         for worker in self.workers:

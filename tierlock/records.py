@@ -54,7 +54,7 @@ class Owner(NamedTuple):
     def current(cls) -> Owner:
         ids = _ids
         if ids.pid != os.getpid():
-            ids.reset()
+            ids = _Ids.renew()
         return cls(
             f"{ids.prefix}{next(ids.counter):012x}",
             _hostname(),
@@ -68,20 +68,34 @@ class Owner(NamedTuple):
 
 class _Ids:
     """Owner ids of this process: a random prefix and a counter, cheaper than 16 random
-    bytes per acquire and as unique (the prefix is new in every process)."""
+    bytes per acquire and as unique (the prefix is new in every process). A forked
+    child makes its own on its first acquire; the object is swapped whole, so a thread
+    never sees one half-made."""
 
-    def __init__(self) -> None:
-        self.pid = -1
-
-    def reset(self) -> None:
-        self.pid = os.getpid()
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.prefix = secrets.token_hex(10)
         self.counter = itertools.count()
-        self.host_id = process.host_identity()
-        self.proc_start = process.own_start_time()
+        self.host_id = process.host_identity() if pid >= 0 else None
+        self.proc_start = process.own_start_time() if pid >= 0 else None
+
+    @staticmethod
+    def renew() -> _Ids:
+        global _ids
+        with _ids_lock:
+            if _ids.pid != os.getpid():
+                _ids = _Ids(os.getpid())
+            return _ids
 
 
-_ids = _Ids()
+def _after_fork_in_child() -> None:
+    global _ids_lock
+    _ids_lock = threading.Lock()  # (another thread of the parent may have held it)
+
+
+_ids_lock = threading.Lock()
+_ids = _Ids(-1)  # (made on the first acquire, not at import)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Hold:

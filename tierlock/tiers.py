@@ -345,10 +345,16 @@ class Tiers:
             raise NotHeldError(key)
         if hold.lost:
             raise LockLostError(key, hold.token)
+        # A renewed hold keeps being renewed, by the new length from now on.
+        lease = None if hold.lease is None else ttl
         sent = time.monotonic()
-        if not self.backend.extend(key, hold.owner_id, ttl):
+        if not self.backend.extend(key, hold.owner_id, ttl, lease):
             self._lost(hold, "it could be extended")
         hold.live_until = sent + ttl
+        hold.ttl = ttl
+        if lease is not None:
+            hold.lease = lease
+            self.heartbeat.add(hold)  # (its next beat may now be due sooner)
         logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
 
     def _lost(self, hold: Hold, before: str) -> NoReturn:

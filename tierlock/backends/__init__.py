@@ -94,8 +94,9 @@ class LockBackend(abc.ABC):
         without a statement), ``handoffs`` and ``lease``; ``False`` if it is not ours."""
 
     @abc.abstractmethod
-    def extend(self, key: str, owner_id: str, ttl: float) -> bool:
-        """Move the hold's lease end to now + ``ttl``; ``False`` if it is not theirs."""
+    def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
+        """Move the hold's lease end to now + ``ttl``, renewed by ``lease`` from then on
+        if given; ``False`` if it is not theirs."""
 
     def doorbell(self, key: str) -> Doorbell:
         """A way for the one poller of ``key`` in this process to wait between tries.

@@ -341,8 +341,8 @@ class SQLBackend(LockBackend):
 
         return self._run("sweep", item.key, attempt)
 
-    def extend(self, key: str, owner_id: str, ttl: float) -> bool:
-        params = {"key": key, "owner": owner_id, "ttl": ttl}
+    def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
+        params = {"key": key, "owner": owner_id, "ttl": ttl, "lease": lease}
         return self._run(
             "extend",
             key,

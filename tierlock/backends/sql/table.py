@@ -304,10 +304,15 @@ class Statements:
             gone = delete(table).where(owned).returning(c.lock_key).cte("gone")
             self.delete_owned = select(func.pg_notify(literal(channel), gone.c.lock_key))
 
-        # extend_owned(key, owner, ttl): 1 row if our hold now lasts ttl from now;
-        # 0 rows if it is no longer ours.
+        # extend_owned(key, owner, ttl, lease): 1 row if our hold now lasts ttl from
+        # now, renewed by lease if given; 0 rows if it is no longer ours.
         self.extend_owned = (
-            update(table).where(owned).values(expires_at=utc_after(bindparam("ttl", type_=Float)))
+            update(table)
+            .where(owned)
+            .values(
+                expires_at=utc_after(bindparam("ttl", type_=Float)),
+                lease=bindparam("lease", type_=Float),
+            )
         )
 
         # handoff_owned(key, owner, handoffs, thread, thread_label, ttl, lease): 1 row if
