@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import NamedTuple
 
@@ -52,9 +52,7 @@ class Owner(NamedTuple):
 
     @classmethod
     def current(cls) -> Owner:
-        ids = _ids
-        if ids.pid != os.getpid():
-            ids.reset()
+        ids = _ids.get()
         return cls(
             f"{ids.prefix}{next(ids.counter):012x}",
             _hostname(),
@@ -66,22 +64,46 @@ class Owner(NamedTuple):
         )
 
 
-class _Ids:
-    """Owner ids of this process: a random prefix and a counter, cheaper than 16 random
-    bytes per acquire and as unique (the prefix is new in every process)."""
+class _Ids(NamedTuple):
+    """Owner ids of one process: a random prefix and a counter, cheaper than 16 random
+    bytes per acquire and as unique (the prefix is new in every process), and what
+    identifies the process."""
+
+    pid: int
+    prefix: str
+    counter: Iterator[int]
+    host_id: str | None
+    proc_start: int | None
+
+
+class _ProcessIds:
+    """This process's :class:`_Ids`, made by the first thread that asks in a process.
+
+    They are made whole and put in place by one assignment, so that a thread never sees
+    a set half-made by another. Threads that race to make them (after a fork, say) may
+    each make a set: one of them stays, and each ever used keeps its own prefix, so
+    owner ids stay unique without a mutex (which a fork could leave held).
+    """
 
     def __init__(self) -> None:
-        self.pid = -1
+        self._ids: _Ids | None = None
 
-    def reset(self) -> None:
-        self.pid = os.getpid()
-        self.prefix = secrets.token_hex(10)
-        self.counter = itertools.count()
-        self.host_id = process.host_identity()
-        self.proc_start = process.own_start_time()
+    def get(self) -> _Ids:
+        ids = self._ids
+        pid = os.getpid()
+        if ids is None or ids.pid != pid:
+            ids = _Ids(
+                pid,
+                secrets.token_hex(10),
+                itertools.count(),
+                process.host_identity(),
+                process.own_start_time(),
+            )
+            self._ids = ids
+        return ids
 
 
-_ids = _Ids()
+_ids = _ProcessIds()
 
 
 class Hold:
