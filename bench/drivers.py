@@ -1,7 +1,12 @@
-"""Bare driver connections for the peers and floors that bypass SQLAlchemy."""
+"""Bare driver connections for the peers and floors that bypass SQLAlchemy, and a count
+of the statements every driver of this process executes."""
 
 from __future__ import annotations
 
+import functools
+import sqlite3
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -33,3 +38,69 @@ def postgresql_connection(url: URL) -> Any:
         dbname=url.database,
         autocommit=True,
     )
+
+
+class _Executed:
+    """Statements executed on DBAPI cursors of this process since ``count_statements()``."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._count = 0
+
+    def tick(self) -> None:
+        with self._mutex:
+            self._count += 1
+
+    def __call__(self) -> int:
+        return self._count
+
+
+def _counting(execute: Callable[..., Any], executed: _Executed) -> Callable[..., Any]:
+    @functools.wraps(execute)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.tick()
+        return execute(self, *args, **kwargs)
+
+    return counted
+
+
+class _CountingSQLiteCursor(sqlite3.Cursor):
+    executed: _Executed
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.executed.tick()
+        return super().execute(*args, **kwargs)
+
+
+class _CountingSQLiteConnection(sqlite3.Connection):
+    def cursor(self, factory: Any = _CountingSQLiteCursor) -> Any:
+        return super().cursor(factory)
+
+
+def count_statements() -> Callable[[], int]:
+    """From now on, count each ``execute`` on a DBAPI cursor of pymysql, psycopg or
+    sqlite3 in this process, whoever calls it (SQLAlchemy's pool included); return a
+    function that reads the count.
+
+    For a process of its own: the drivers' cursor classes stay patched. sqlite3's
+    cursors are counted on connections opened afterwards; its ``Connection.execute``
+    shortcut, which SQLAlchemy and tierlock use only to set a connection up, is not.
+    """
+    executed = _Executed()
+    import psycopg
+    import pymysql.cursors
+
+    pymysql.cursors.Cursor.execute = _counting(pymysql.cursors.Cursor.execute, executed)
+    psycopg.Cursor.execute = _counting(  # type: ignore[method-assign]
+        psycopg.Cursor.execute, executed
+    )
+    _CountingSQLiteCursor.executed = executed
+    connect = sqlite3.connect
+
+    @functools.wraps(connect)
+    def counting_connect(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("factory", _CountingSQLiteConnection)
+        return connect(*args, **kwargs)
+
+    sqlite3.connect = sqlite3.dbapi2.connect = counting_connect
+    return executed

@@ -10,6 +10,10 @@ The exit status is 1 if a cell failed or a lock let two sections of a key overla
 
     python -m bench                                  # everything, into bench/results/results.md
     python -m bench --db mariadb --scenario hot-4x4 --impl tierlock --impl get-lock
+    python -m bench --db postgresql --scenario flash-sale --scenario renewal
+
+The ``renewal`` scenario measures tierlock alone: one process holding many locks, with
+and without renewed leases (see :mod:`bench.renewal`).
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from sqlalchemy.pool import NullPool
 import tierlock
 
 from .acquire_release import compare
+from .interface import Implementation
+from .renewal import HOLDS, RENEWAL, RENEWAL_TTL, RenewalRow, renewal_section, run_renewal
 from .report import LEGEND, Row, scenario_section
-from .subjects import Implementation, implementations
+from .subjects import implementations
 from .workload import SCENARIOS, SECTION, CellError, Scenario, run_cell
 
 DATABASES: dict[str, str | None] = {
@@ -46,7 +52,7 @@ DATABASES: dict[str, str | None] = {
 REDIS_URL = "redis://127.0.0.1:6379/0"
 IMPLEMENTATIONS = ("tierlock", "table-only", "get-lock", "advisory", "redis", "floor")
 ACQUIRE_RELEASE = "acquire-release"
-ALL = (*SCENARIOS, ACQUIRE_RELEASE)
+ALL = (*SCENARIOS, RENEWAL, ACQUIRE_RELEASE)
 OUTPUT = Path(__file__).resolve().parent / "results" / "results.md"
 
 
@@ -92,6 +98,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=positive_int,
         default=1000,
         help=f"{ACQUIRE_RELEASE}: cycles per side in each of --repeats rounds (1000)",
+    )
+    parser.add_argument(
+        "--renewal-holds",
+        type=positive_int,
+        default=HOLDS,
+        help=f"{RENEWAL}: locks held by the one process ({HOLDS})",
+    )
+    parser.add_argument(
+        "--renewal-ttl",
+        type=positive_float,
+        default=RENEWAL_TTL,
+        help=f"{RENEWAL}: lease of the renewed holds, beats every third of it ({RENEWAL_TTL:g})",
     )
     parser.add_argument("--output", type=Path, default=OUTPUT, help=f"report file ({OUTPUT})")
     parser.add_argument(
@@ -186,13 +204,38 @@ def header(
         f"redis-py {redis.__version__}, Python {platform.python_version()}",
         f"- settings: {args.seconds:g} s per cell, median of {args.repeats} interleaved "
         f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
-        "time.perf_counter(); tierlock and table-only with the default poll_interval, "
-        "reaper off; GET_LOCK and advisory locks block on the server, one connection per "
-        "thread; redis-py Lock blocks with its default 0.1 s sleep",
+        "time.perf_counter() unless the scenario says otherwise; tierlock and table-only "
+        "with the default poll_interval, renewed leases, reaper off; GET_LOCK and advisory "
+        "locks block on the server, one connection per thread; redis-py Lock blocks with "
+        "its default 0.1 s sleep; tries without waiting: acquire(blocking=False), "
+        "GET_LOCK(k, 0), pg_try_advisory_lock, redis-py acquire(blocking=False)",
         f"- legend: {LEGEND}",
     ]
     lines += [f"- skipped: {note}" for note in skipped]
     return [*lines, ""]
+
+
+def servers(
+    args: argparse.Namespace, chosen: set[str], scratch: Path
+) -> tuple[dict[str, str], str | None, list[str]]:
+    """The databases' URLs (by name) and the Redis server's that can be used, and a
+    note for each that cannot."""
+    skipped: list[str] = []
+    urls: dict[str, str] = {}
+    for name in DATABASES:
+        if args.db and name not in args.db:
+            continue
+        url = args.urls[name] or f"sqlite:///{scratch / 'bench.db'}"
+        reason = unreachable(url)
+        if reason is None:
+            urls[name] = url
+        else:
+            skipped.append(f"{name}: {reason}")
+    redis_url = REDIS_URL if "redis" in chosen else None
+    if redis_url is not None and (reason := unreachable(redis_url)) is not None:
+        skipped.append(f"redis: {reason}")
+        redis_url = None
+    return urls, redis_url, skipped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,28 +245,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = machine()
     scenarios = [name for name in ALL if name in (args.scenario or ALL)]
     chosen = set(args.impl or IMPLEMENTATIONS)
-    skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tierlock-bench-") as scratch:
-        urls: dict[str, str] = {}
-        for name in DATABASES:
-            if args.db and name not in args.db:
-                continue
-            url = args.urls[name] or f"sqlite:///{Path(scratch) / 'bench.db'}"
-            reason = unreachable(url)
-            if reason is None:
-                urls[name] = url
-            else:
-                skipped.append(f"{name}: {reason}")
-        redis_url = REDIS_URL if "redis" in chosen else None
-        if redis_url is not None and (reason := unreachable(redis_url)) is not None:
-            skipped.append(f"redis: {reason}")
-            redis_url = None
+        urls, redis_url, skipped = servers(args, chosen, Path(scratch))
         for note in skipped:
             print(f"skipped {note}", file=sys.stderr)
         subjects = [
             implementation
             for implementation in implementations(urls, args.table, args.table[-12:], redis_url)
             if implementation.name in chosen
+        ]
+        renewals = [
+            RenewalRow(database, url, renew)
+            for database, url in urls.items()
+            if RENEWAL in scenarios and "tierlock" in chosen
+            for renew in (True, False)
         ]
         if not subjects and not urls:
             print("nothing to measure", file=sys.stderr)
@@ -232,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for url in urls.values():
                 tierlock.LockManager(url, table=args.table, reaper_interval=None).close()
             rows = run_cells(
-                args, [SCENARIOS[n] for n in scenarios if n in SCENARIOS], subjects, urls
+                args, [SCENARIOS[n] for n in scenarios if n in SCENARIOS], subjects, urls, renewals
             )
         finally:
             for url in urls.values():
@@ -240,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines: list[str] = []
         for name, scenario_rows in rows.items():
             lines += scenario_section(SCENARIOS[name], scenario_rows, list(urls))
+        if renewals:
+            lines += renewal_section(renewals, list(urls), args.renewal_holds, args.renewal_ttl)
         if ACQUIRE_RELEASE in scenarios and urls:
             lines += [
                 f"## {ACQUIRE_RELEASE}: tierlock next to its own two statements on the bare driver",
@@ -252,7 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(report, encoding="utf-8")
     every = [row for scenario_rows in rows.values() for row in scenario_rows]
-    return 1 if any(row.failure is not None or row.violated() for row in every) else 0
+    failed = any(row.failure is not None or row.violated() for row in every) or any(
+        row.failure is not None or any(cell.leftover for cell in row.cells) for row in renewals
+    )
+    return 1 if failed else 0
 
 
 def run_cells(
@@ -260,8 +300,10 @@ def run_cells(
     scenarios: list[Scenario],
     subjects: list[Implementation],
     urls: dict[str, str],
+    renewals: list[RenewalRow],
 ) -> dict[str, list[Row]]:
-    """Every cell, ``args.repeats`` times, interleaved; rows by scenario name.
+    """Every cell, ``args.repeats`` times, interleaved; rows by scenario name. Renewal
+    cells are added to their ``renewals`` rows.
 
     After each cell of a lock table, the rows left in it are counted (and removed).
     """
@@ -288,4 +330,24 @@ def run_cells(
                     f"{sum(cell.sections) / cell.elapsed:.0f} sections/s",
                     file=sys.stderr,
                 )
+        for renewal in renewals:
+            if renewal.failure is None:
+                run_renewal_cell(args, renewal, repeat)
     return rows
+
+
+def run_renewal_cell(args: argparse.Namespace, row: RenewalRow, repeat: int) -> None:
+    where = f"{row.label} on {row.database}"
+    try:
+        cell = run_renewal(row, args.table, args.renewal_holds, args.renewal_ttl, args.seconds)
+    except CellError as exc:
+        row.failure = str(exc)
+        print(f"{RENEWAL}, {where} failed:\n{exc}", file=sys.stderr)
+        return
+    cell.leftover = rows_in(row.url, args.table)
+    row.cells.append(cell)
+    print(
+        f"repeat {repeat + 1}/{args.repeats} {RENEWAL}, {where}: "
+        f"{cell.statements / cell.elapsed:.2f} statements/s",
+        file=sys.stderr,
+    )

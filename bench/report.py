@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .subjects import Implementation
+from .interface import Implementation
 from .workload import Cell, Scenario
 
 DATABASE_TITLES = {"sqlite": "SQLite", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
@@ -22,6 +22,16 @@ COLUMNS = {
     "most": "most/thread",
     "per_section": "statements/section",
 }
+# The same for scenarios whose threads try without waiting: a section is a win.
+TRY_COLUMNS = {
+    "rate": "wins/s",
+    "try_rate": "tries/s",
+    "p50_us": "p50 try µs",
+    "p99_us": "p99 try µs",
+    "fewest": "fewest wins/thread",
+    "most": "most wins/thread",
+    "per_try": "statements/try",
+}
 
 LEGEND = (
     "sections/s: critical sections completed per second, all threads; p50/p99 wait: time "
@@ -30,6 +40,12 @@ LEGEND = (
     "violations: lost updates and overlapping sections the shared counters caught, summed "
     "over repeats; each figure is the median over repeats and (0.83x) its ratio to tierlock's "
     "on the same database; redis-py Lock runs once and appears in every database's table."
+)
+TRY_LEGEND = (
+    "wins/s and tries/s: tries that took the key, and all tries, per second, all threads; "
+    "p50/p99 try: the time one try took, won or lost; fewest/most wins per thread: "
+    "fairness; statements/try: SQL statements (Redis: commands) per try, the release "
+    "of a win included."
 )
 
 
@@ -43,13 +59,18 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
 
 def figures(cell: Cell) -> dict[str, float]:
     done = sum(cell.sections)
+    waits = sorted(cell.waits)  # once: percentile's own sort of a sorted list is quick
     return {
         "rate": done / cell.elapsed if cell.elapsed else math.nan,
-        "p50": percentile(cell.waits, 0.50) * 1000,
-        "p99": percentile(cell.waits, 0.99) * 1000,
+        "try_rate": cell.tries / cell.elapsed if cell.elapsed else math.nan,
+        "p50": percentile(waits, 0.50) * 1000,
+        "p99": percentile(waits, 0.99) * 1000,
+        "p50_us": percentile(waits, 0.50) * 1e6,
+        "p99_us": percentile(waits, 0.99) * 1e6,
         "fewest": min(cell.sections, default=0),
         "most": max(cell.sections, default=0),
         "per_section": cell.statements / cell.ran if cell.ran else math.nan,
+        "per_try": cell.statements / cell.tried if cell.tried else math.nan,
     }
 
 
@@ -88,7 +109,7 @@ class Row:
 
 
 # Figures that are counts, or large enough that decimals are noise.
-WHOLE = {"rate", "fewest", "most"}
+WHOLE = {"rate", "try_rate", "fewest", "most"}
 
 
 def number(value: float, whole: bool = False) -> str:
@@ -114,15 +135,15 @@ def figure(row: Row, name: str, reference: Row | None) -> str:
     return f"{shown} ({value / base:.2f}x)"
 
 
-def scenario_table(rows: Sequence[Row]) -> list[str]:
+def scenario_table(rows: Sequence[Row], columns: dict[str, str] = COLUMNS) -> list[str]:
     """One scenario's rows on one database, tierlock's first, as markdown lines."""
     reference = next((row for row in rows if row.implementation.name == "tierlock"), None)
     lines = [
-        "| implementation | " + " | ".join(COLUMNS.values()) + " | violations |",
-        "|---|" + "---:|" * len(COLUMNS) + "---|",
+        "| implementation | " + " | ".join(columns.values()) + " | violations |",
+        "|---|" + "---:|" * len(columns) + "---|",
     ]
     for row in rows:
-        cells = [figure(row, name, reference) for name in COLUMNS]
+        cells = [figure(row, name, reference) for name in columns]
         lines.append(
             f"| {row.implementation.label} | " + " | ".join(cells) + f" | {row.violations()} |"
         )
@@ -144,8 +165,12 @@ def scenario_section(
 ) -> list[str]:
     """The tables of one scenario, one per database; rows without one appear in each."""
     lines = [f"## {scenario.name}: {scenario.description}", ""]
+    columns = COLUMNS
+    if not scenario.blocking:
+        columns = TRY_COLUMNS
+        lines += [TRY_LEGEND, ""]
     for database in databases:
         chosen = [row for row in rows if row.implementation.database in (database, None)]
         if chosen:
-            lines += [f"### {DATABASE_TITLES[database]}", "", *scenario_table(chosen), ""]
+            lines += [f"### {DATABASE_TITLES[database]}", "", *scenario_table(chosen, columns), ""]
     return lines

@@ -4,6 +4,11 @@ Every worker is a forked process (it inherits the shared tally, barrier, event a
 queue) whose threads each open a contender, warm it up on a key of their own, and wait
 at one barrier with the parent. The parent then lets them run for the cell's seconds
 and sets the stop event; each process sends back per-thread counts and wait samples.
+
+In most scenarios a thread waits for its key and runs a section, again and again. In a
+scenario with ``blocking=False`` it first spends ``io`` seconds asleep (a network call,
+with the GIL released), then tries the key without waiting and runs a section only if
+the try won: a flash sale, where a request that finds the stock locked gives up.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
-from .subjects import Contender, Implementation, Subject
+from .interface import Contender, Implementation, Subject
 from .tally import CTX, Tally
 
 # Length of a critical section, spent busy-waiting on time.perf_counter().
@@ -38,15 +43,25 @@ class Scenario:
     threads: int  # per process
     keys: int
     round_robin: bool  # keys in turn, else a random key per section
+    blocking: bool = True  # wait for the key, else try it once and give up if taken
+    io: float = 0.0  # seconds asleep before each acquire or try
+    section: float = SECTION  # seconds of each critical section, busy-waiting
 
     @property
     def description(self) -> str:
         processes = "1 process" if self.processes == 1 else f"{self.processes} processes"
         threads = "1 thread" if self.threads == 1 else f"{self.threads} threads"
         if self.keys == 1:
-            return f"{processes} x {threads}, one key"
-        order = "in turn" if self.round_robin else "a random one per section"
-        return f"{processes} x {threads}, {self.keys} keys, {order}"
+            shape = f"{processes} x {threads}, one key"
+        else:
+            order = "in turn" if self.round_robin else "a random one per section"
+            shape = f"{processes} x {threads}, {self.keys} keys, {order}"
+        if self.blocking:
+            return shape
+        return (
+            f"{shape}; each request sleeps {self.io * 1e6:.0f} µs (I/O), then tries the key "
+            f"without waiting, and on a win runs a {self.section * 1e3:g} ms section"
+        )
 
 
 SCENARIOS = {
@@ -56,6 +71,7 @@ SCENARIOS = {
         Scenario("hot-1x8", 1, 8, 1, round_robin=False),
         Scenario("hot-4x4", 4, 4, 1, round_robin=False),
         Scenario("spread-4x4", 4, 4, KEYS, round_robin=False),
+        Scenario("flash-sale", 4, 8, 1, round_robin=False, blocking=False, io=200e-6, section=1e-3),
     )
 }
 
@@ -66,9 +82,12 @@ class Cell:
 
     elapsed: float  # seconds between the start and the stop
     sections: list[int] = field(default_factory=list)  # per thread, finished before the stop
-    waits: list[float] = field(default_factory=list)  # seconds each of those waited to acquire
+    # Seconds each of those waited to acquire; without blocking, each try's length.
+    waits: list[float] = field(default_factory=list)
     ran: int = 0  # all sections run, including those that finished after the stop
-    statements: int = 0  # sent during the run by all processes, for all ``ran`` sections
+    tries: int = 0  # acquires or tries that finished before the stop
+    tried: int = 0  # all acquires or tries, including those that finished after the stop
+    statements: int = 0  # sent during the run by all processes, for all ``tried``
     lost: int = 0  # updates the tally lost: sections that overlapped
     overlaps: int = 0  # sections that saw another inside their key
     leftover: int = 0  # lock rows still in the table after the run
@@ -98,6 +117,8 @@ class Worker:
             "sections": [],
             "waits": array("d"),
             "ran": 0,
+            "tries": 0,
+            "tried": 0,
             "overlaps": 0,
             "statements": 0,
             "errors": [],
@@ -159,28 +180,41 @@ class Worker:
 
     def run(self, contender: Contender, me: int) -> None:
         """Sections until the stop; the one under way then is run but not counted."""
-        keys, round_robin = self.scenario.keys, self.scenario.round_robin
+        scenario = self.scenario
+        keys, round_robin, blocking = scenario.keys, scenario.round_robin, scenario.blocking
+        io, length = scenario.io, scenario.section
         section, stop = self.tally.section, self.stop
-        clock = time.perf_counter
+        clock, sleep = time.perf_counter, time.sleep
         choose = random.Random()  # not the module's: forked processes share its state
         waits = array("d")
-        counted = ran = overlaps = 0
+        counted = ran = tries = tried = overlaps = 0
         while True:
-            index = ran % keys if round_robin else choose.randrange(keys)
+            index = tried % keys if round_robin else choose.randrange(keys)
+            if io:
+                sleep(io)
             began = clock()
-            contender.acquire(index)
+            if blocking:
+                contender.acquire(index)
+                won = True
+            else:
+                won = contender.try_acquire(index)
             waited = clock() - began
-            overlaps += section(index, me, SECTION)
-            contender.release(index)
-            ran += 1
+            tried += 1
+            if won:
+                overlaps += section(index, me, length)
+                contender.release(index)
+                ran += 1
             if stop.is_set():
                 break
-            counted += 1
+            tries += 1
+            counted += won
             waits.append(waited)
         with self.gather:
             self.report["sections"].append(counted)
             self.report["waits"].extend(waits)
             self.report["ran"] += ran
+            self.report["tries"] += tries
+            self.report["tried"] += tried
             self.report["overlaps"] += overlaps
 
 
@@ -228,6 +262,8 @@ def run_cell(implementation: Implementation, scenario: Scenario, seconds: float)
             cell.statements += report["statements"]
             cell.overlaps += report["overlaps"]
             cell.ran += report["ran"]
+            cell.tries += report["tries"]
+            cell.tried += report["tried"]
         deadline = time.monotonic() + SETUP_LIMIT
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))

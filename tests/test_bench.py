@@ -2,7 +2,9 @@
 
 Timings are for people to read, not for tests: what is checked is that every row is
 reported, that no lock let two sections of a key overlap while the floor, which locks
-nothing, was caught doing so, and that a run leaves no table and no process behind.
+nothing, was caught doing so, that counts add up (wins within tries, one heartbeat
+statement per 512 renewed holds, none without renewal), and that a run leaves no table
+and no process behind.
 """
 
 from __future__ import annotations
@@ -54,10 +56,15 @@ def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def rows(report: str, scenario: str) -> dict[str, list[str]]:
     """The cells of each row of the scenario's first table, by implementation."""
     section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
-    table = section.split("\n\n", 3)[2]  # after the heading and the database's title
-    lines = table.splitlines()[2:]  # below the column headers
+    first = section.split("\n### ", 2)[1]  # the first database's part
+    lines = [line for line in first.splitlines() if line.startswith("|")][2:]  # below headers
     cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     return {row[0]: row[1:] for row in cells}
+
+
+def value(cell: str) -> float:
+    """The figure of a cell, without its ratio to tierlock's."""
+    return float(cell.split(maxsplit=1)[0])
 
 
 def processes_naming(text: str) -> list[int]:
@@ -111,6 +118,48 @@ def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_pat
     finally:
         engine.dispose()
     assert processes_naming(table) == [], "no worker outlives the run"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_path: Path) -> None:
+    output = tmp_path / "results.md"
+    table = f"bench_{uuid.uuid4().hex[:12]}"
+    holds = 520  # two heartbeat statements per beat: 512 holds at most in one
+    result = run_bench(
+        *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
+        *("--scenario", "flash-sale", "--scenario", "renewal", "--seconds", "0.5"),
+        *("--renewal-holds", str(holds), "--renewal-ttl", "0.6"),
+        *(f"--impl={name}" for name in ("tierlock", "table-only", "get-lock", "advisory")),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = output.read_text(encoding="utf-8")
+
+    sales = rows(report, "flash-sale")
+    assert list(sales) == LOCKS[db], report
+    for label, cells in sales.items():
+        wins, tries, per_try = value(cells[0]), value(cells[1]), value(cells[6])
+        assert 0 <= wins <= tries and tries > 0, f"{label}: {wins} wins of {tries}\n{report}"
+        # On SQLite, 32 connections of table-only share one writer: in half a second
+        # they may win nothing. Everywhere else every lock sells.
+        if db != "sqlite" or label == "tierlock":
+            assert wins > 0, f"{label} won nothing\n{report}"
+        assert per_try > 0, f"{label} sent no statement\n{report}"
+        assert cells[-1] == "0", f"{label} violated exclusion\n{report}"
+    # A lost try costs table-only at least its insert; tierlock's are mostly local.
+    assert value(sales["table-only"][6]) >= 1
+    assert value(sales["tierlock"][6]) < value(sales["table-only"][6])
+
+    renewal = rows(report, "renewal")
+    renewed, fixed = renewal["tierlock, renew=True"], renewal["tierlock, renew=False"]
+    # window s, statements/s, per 1000 holds, statements/beat, heartbeats/s, renewals/s
+    assert value(renewed[1]) > 0, report
+    assert value(renewed[3]) == 2, report
+    assert renewed[4] == renewed[1], "the driver saw only the heartbeat's statements"
+    assert value(renewed[5]) == pytest.approx(value(renewed[4]) * holds / 2, rel=0.01)
+    assert [value(cell) for cell in fixed[1:3]] == [0, 0], report
+    assert renewed[-1] == fixed[-1] == "0", "every hold is released"
 
 
 @pytest.mark.multiprocess

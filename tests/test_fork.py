@@ -1,6 +1,7 @@
 """Fork-safety on SQLite, which runs inside the process: a child forked while the
 parent's threads use the database starts cleanly, and SQLite's own waits stay within
-an acquire's timeout."""
+an acquire's timeout. And the threads of a new process, which all ask at once for
+owner ids, get whole and unique ones."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from conftest import MakeManager
 from polling import wait_until
 
 import tierlock
+from tierlock import process, records
 from tierlock.backends.gate import Gate
 
 SQLITE = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
@@ -133,3 +135,38 @@ def test_sqlite_busy_wait_keeps_within_the_timeout(
         writer.close()
     assert lock.acquire(timeout=5)
     lock.release()
+
+
+def test_threads_first_asking_in_a_process_get_whole_and_unique_owner_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first threads of a process (a forked child's, say) to acquire race to make
+    its owner ids; none may see a half-made set, and no id may repeat."""
+    identity = process.host_identity()
+
+    def slow_host_identity() -> str | None:
+        time.sleep(0.02)  # widens the race
+        return identity
+
+    monkeypatch.setattr(process, "host_identity", slow_host_identity)
+    monkeypatch.setattr(records, "_ids", records._ProcessIds())  # as in a new process
+    start = threading.Barrier(THREADS * 2)
+    owners: list[records.Owner] = []
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        start.wait()
+        try:
+            owners.extend(records.Owner.current() for _ in range(100))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(THREADS * 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len({owner.owner_id for owner in owners}) == len(owners) == THREADS * 200
+    assert {(owner.host_id, owner.pid) for owner in owners} == {(identity, os.getpid())}
+    assert {owner.proc_start for owner in owners} == {process.own_start_time()}

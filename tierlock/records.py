@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import NamedTuple
 
@@ -52,9 +52,7 @@ class Owner(NamedTuple):
 
     @classmethod
     def current(cls) -> Owner:
-        ids = _ids
-        if ids.pid != os.getpid():
-            ids = _Ids.renew()
+        ids = _ids.get()
         return cls(
             f"{ids.prefix}{next(ids.counter):012x}",
             _hostname(),
@@ -66,36 +64,46 @@ class Owner(NamedTuple):
         )
 
 
-class _Ids:
-    """Owner ids of this process: a random prefix and a counter, cheaper than 16 random
-    bytes per acquire and as unique (the prefix is new in every process). A forked
-    child makes its own on its first acquire; the object is swapped whole, so a thread
-    never sees one half-made."""
+class _Ids(NamedTuple):
+    """Owner ids of one process: a random prefix and a counter, cheaper than 16 random
+    bytes per acquire and as unique (the prefix is new in every process), and what
+    identifies the process."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.prefix = secrets.token_hex(10)
-        self.counter = itertools.count()
-        self.host_id = process.host_identity() if pid >= 0 else None
-        self.proc_start = process.own_start_time() if pid >= 0 else None
-
-    @staticmethod
-    def renew() -> _Ids:
-        global _ids
-        with _ids_lock:
-            if _ids.pid != os.getpid():
-                _ids = _Ids(os.getpid())
-            return _ids
+    pid: int
+    prefix: str
+    counter: Iterator[int]
+    host_id: str | None
+    proc_start: int | None
 
 
-def _after_fork_in_child() -> None:
-    global _ids_lock
-    _ids_lock = threading.Lock()  # (another thread of the parent may have held it)
+class _ProcessIds:
+    """This process's :class:`_Ids`, made by the first thread that asks in a process.
+
+    They are made whole and put in place by one assignment, so that a thread never sees
+    a set half-made by another. Threads that race to make them (after a fork, say) may
+    each make a set: one of them stays, and each ever used keeps its own prefix, so
+    owner ids stay unique without a mutex (which a fork could leave held).
+    """
+
+    def __init__(self) -> None:
+        self._ids: _Ids | None = None
+
+    def get(self) -> _Ids:
+        ids = self._ids
+        pid = os.getpid()
+        if ids is None or ids.pid != pid:
+            ids = _Ids(
+                pid,
+                secrets.token_hex(10),
+                itertools.count(),
+                process.host_identity(),
+                process.own_start_time(),
+            )
+            self._ids = ids
+        return ids
 
 
-_ids_lock = threading.Lock()
-_ids = _Ids(-1)  # (made on the first acquire, not at import)
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_ids = _ProcessIds()
 
 
 class Hold:
