@@ -119,6 +119,8 @@ def number(value: float, whole: bool = False) -> str:
         return f"{value:.0f}"
     if abs(value) >= 10:
         return f"{value:.1f}"
+    if 0 < abs(value) < 0.1:
+        return f"{value:.2g}"  # (a small ratio, such as statements per try, keeps its digits)
     return f"{value:.2f}"
 
 

@@ -160,6 +160,45 @@ def hold(
         lock.release()
 
 
+def hold_through_a_stop(
+    *,
+    url: str,
+    table: str,
+    key: str,
+    ttl: float,
+    held: Event,
+    resumed: Event,
+    results: Connection[Any, Any],
+) -> None:
+    """Take ``key`` with a renewed lease ``ttl`` and set ``held``; the parent then stops
+    this process past the lease, and sets ``resumed`` once it has continued it. Send
+    back what this process learnt: the ``on_lost`` call and what ``release`` raised."""
+    lost_calls: list[tuple[str, int]] = []
+    lost = threading.Event()
+
+    def on_lost(lost_key: str, token: int) -> None:
+        lost_calls.append((lost_key, token))
+        lost.set()
+
+    with open_manager(url, table) as manager:
+        lock = manager.lock(key, ttl=ttl, on_lost=on_lost)
+        if not lock.acquire(timeout=WAIT_LIMIT):
+            raise AssertionError(f"could not take {key!r}")
+        token = lock.token
+        held.set()
+        resumed.wait(HOLD_LIMIT)
+        told = lost.wait(WAIT_LIMIT)
+        owned = lock.owned()
+        try:
+            lock.release()
+            raised = None
+        except tierlock.LockError as exc:
+            raised = type(exc).__name__
+        results.send(
+            {"token": token, "told": told, "calls": lost_calls, "owned": owned, "raised": raised}
+        )
+
+
 def report_inherited(
     *,
     manager: tierlock.LockManager,
