@@ -47,6 +47,8 @@ HOLD_LIMIT = 60.0
 # How long a critical section leaves the shared counter between read and write: wide
 # enough that overlapping sections lose updates every time, short enough to run fast.
 PAUSE = 0.001
+# A critical section of take_turns, busy (it holds the interpreter, as real work does).
+SECTION = 100e-6
 
 
 def open_manager(url: str, table: str) -> tierlock.LockManager:
@@ -132,6 +134,48 @@ def hammer(
             manager.close()
     if any(worker.is_alive() for worker in workers):
         failures.append("a worker thread did not finish")
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+def take_turns(
+    *,
+    url: str,
+    table: str,
+    key: str,
+    threads: int,
+    first: int,
+    served: Any,
+    start: Barrier,
+    stop: Event,
+) -> None:
+    """Run ``threads`` threads that take ``key`` in turn, each for a short section, until
+    ``stop``; thread ``i`` counts its sections in ``served[first + i]``."""
+    manager = open_manager(url, table)
+    failures: list[str] = []
+
+    def work(slot: int) -> None:
+        try:
+            lock = manager.lock(key, timeout=WAIT_LIMIT)
+            start.wait(WAIT_LIMIT)
+            while not stop.is_set():
+                with lock:
+                    until = time.perf_counter() + SECTION
+                    while time.perf_counter() < until:
+                        pass
+                served[slot] += 1
+        except BaseException:
+            start.abort()
+            failures.append(traceback.format_exc())
+
+    workers = [threading.Thread(target=work, args=(first + n,)) for n in range(threads)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(2 * WAIT_LIMIT)
+    finally:
+        manager.close()
     if failures:
         raise AssertionError("\n".join(failures))
 

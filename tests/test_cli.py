@@ -179,9 +179,9 @@ def test_ls_shows_every_holder(
     out = result.stdout
     assert f"2 lock(s) in {table}" in out
     host, pid, thread = socket.gethostname(), os.getpid(), threading.current_thread().name
-    for lock, lease in ((live, r"\d+\.\d s"), (stale, "expired")):
+    for lock, lease, renewal in ((live, r"\d+\.\d s", "30.0 s"), (stale, "expired", "fixed")):
         cells = [*map(re.escape, (lock.key, str(lock.token), host, str(pid), thread)), r"[\d.]+ s"]
-        assert re.search("│ +" + " +│ +".join([*cells, lease]) + " +│", out), out
+        assert re.search("│ +" + " +│ +".join([*cells, lease, renewal]) + " +│", out), out
     assert "1 expired" in out
     live.release()
     stale.release()  # an expired row nobody took over is still the holder's to delete

@@ -6,6 +6,7 @@ as another program would; the shared counters live in shared memory.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
@@ -25,6 +26,7 @@ PROCESSES = 4
 THREADS = 4
 SECTIONS = 10  # per thread
 TOTAL = PROCESSES * THREADS * SECTIONS
+FAIR_RUN = 3.0  # seconds of taking turns
 DEAD_TTL = 1.0  # the lease of a holder that gets killed
 RECLAIM_TTL = 30.0  # a lease that a reclaim need not wait out
 SLACK = 5.0  # generous room for a loaded machine in upper bounds
@@ -69,6 +71,35 @@ def test_hot_key_mutual_exclusion(
     assert tally.most_inside[0] == 1
     assert tally.counters[0] == TOTAL
     assert manager.info(key) is None
+
+
+@pytest.mark.slow
+def test_hot_key_serves_every_thread_fairly(
+    db_url: str, table: str, key: str, children: procs.Children
+) -> None:
+    """Four processes of four threads on one key, for a few seconds: the least served
+    thread completes at least half as many sections as the most served one, although
+    each process passes the key between its own threads without the database."""
+    served = procs.CTX.RawArray(ctypes.c_longlong, PROCESSES * THREADS)
+    start, stop = procs.CTX.Barrier(PROCESSES * THREADS + 1), procs.CTX.Event()
+    for number in range(PROCESSES):
+        children.start(
+            procs.take_turns,
+            url=db_url,
+            table=table,
+            key=key,
+            threads=THREADS,
+            first=number * THREADS,
+            served=served,
+            start=start,
+            stop=stop,
+        )
+    start.wait(procs.WAIT_LIMIT)
+    time.sleep(FAIR_RUN)  # the measurement's length: nothing to wait for
+    stop.set()
+    children.join()
+    counts = list(served)
+    assert min(counts) * 2 >= max(counts), f"sections per thread: {counts}"
 
 
 @pytest.mark.slow

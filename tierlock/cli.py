@@ -372,6 +372,7 @@ def _holders_table(target: Target, holders: list[LockInfo], now: datetime) -> Ta
     table.add_column("thread")
     table.add_column("age", justify="right")
     table.add_column("lease left", justify="right")
+    table.add_column("renewed by", justify="right")
     for info in holders:
         age = _duration((now - info.acquired_at).total_seconds())
         left = "expired" if info.expired else _duration((info.expires_at - now).total_seconds())
@@ -383,6 +384,7 @@ def _holders_table(target: Target, holders: list[LockInfo], now: datetime) -> Ta
             info.thread_name,
             age,
             left,
+            "fixed" if info.lease is None else _duration(info.lease),
             style="red" if info.expired else None,
         )
     return table
