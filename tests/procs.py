@@ -9,6 +9,7 @@ script or ``-m`` module of this checkout as a separate program, as a user would.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import itertools
@@ -22,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkProcess
 from multiprocessing.queues import SimpleQueue
@@ -358,6 +359,10 @@ AT_RANDOM = "at random"
 RANDOM_KILL_GAP = (0.3, 1.2)
 # How many sections a doomed worker thread completes before it dies.
 DOOM_AFTER = (1, 10)
+# How far apart the supervisor asks a worker to stop itself (SIGSTOP) while it holds a
+# key, in seconds, and for how many leases it is left stopped before SIGCONT.
+STOP_GAP = (1.0, 3.0)
+STOP_LEASES = 1.5
 # Room for a loaded machine in the bounds the load checks.
 SLACK = 3.0
 
@@ -394,6 +399,10 @@ class Ledger:
         self.dying = CTX.RawArray(ctypes.c_int, slots)
         self.dying_at = CTX.RawArray(ctypes.c_double, slots)
         self.doomed_at = CTX.RawArray(ctypes.c_int, [-1] * slots)  # index into DOOMS
+        # Per process: the supervisor asks it to stop itself while it holds a key; it
+        # says when it did, and the supervisor continues it some leases later.
+        self.stop_request = CTX.RawArray(ctypes.c_int, processes)
+        self.stopped_at = CTX.RawArray(ctypes.c_double, processes)
         self.counters = CTX.RawArray(ctypes.c_longlong, keys)
         self.highest_token = CTX.RawArray(ctypes.c_longlong, keys)
         self.killed_at = CTX.RawArray(ctypes.c_double, keys)
@@ -495,6 +504,55 @@ def _install_doom_hooks() -> None:
     setattr(_ConnectionFairy, "cursor", watched_cursor)  # noqa: B010 (mypy: method)
 
 
+class _StopGate:
+    """Stops a worker process with SIGSTOP while it holds a key, when the supervisor
+    asks. The process's other threads hold still outside their sections meanwhile: a
+    thread stopped inside a section past its lease would overlap its successor, which
+    no lock can prevent (fencing tokens are what guard such writes)."""
+
+    def __init__(self, ledger: Ledger, process: int) -> None:
+        self._ledger = ledger
+        self._process = process
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._in_sections = 0
+
+    def stop_if_asked(self) -> None:
+        """Stop this process if asked, once no thread of it is inside a section; the
+        supervisor continues it some leases later."""
+        ledger, process = self._ledger, self._process
+        with self._changed:
+            if not ledger.stop_request[process] or self._stopping:
+                return
+            ledger.stop_request[process] = 0
+            self._stopping = True
+            while self._in_sections:
+                self._changed.wait()
+        ledger.stopped_at[process] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # The stop may reach this thread a moment after the call returns (another thread
+        # can take the signal): the gate stays shut until the supervisor has continued
+        # the process, which it marks by clearing stopped_at.
+        while ledger.stopped_at[process]:
+            time.sleep(0.001)
+        with self._changed:
+            self._stopping = False
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def section(self) -> Iterator[None]:
+        with self._changed:
+            while self._stopping:
+                self._changed.wait()
+            self._in_sections += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._in_sections -= 1
+                self._changed.notify_all()
+
+
 def churn(
     *,
     url: str,
@@ -515,6 +573,7 @@ def churn(
     it in ``ledger.slowest_error``, and the thread goes on.
     """
     _install_doom_hooks()
+    gate = _StopGate(ledger, first_slot // ledger.threads)
     manager = tierlock.LockManager(
         url,
         table=table,
@@ -532,8 +591,13 @@ def churn(
         if not lock.acquire(timeout=WAIT_LIMIT):
             raise AssertionError(f"{keys[key]!r} not acquired in {WAIT_LIMIT:g} s")
         ledger.acquired(slot, key)
-        assert lock.token is not None
-        ledger.section(slot, key, lock.token, die=dies and doom == "in section")
+        gate.stop_if_asked()
+        with gate.section():
+            # A hold whose process was stopped past its lease is no longer owned: the
+            # section is skipped, and the release tells whether the row was taken.
+            if lock.owned():
+                assert lock.token is not None
+                ledger.section(slot, key, lock.token, die=dies and doom == "in section")
         _plan.doom = doom if dies and doom in ("before delete", "after delete") else None
         try:
             lock.release()
@@ -587,6 +651,7 @@ class KillReport:
     )
     overlaps: int = 0  # sections of a key that overlapped (seen from either side)
     stale_tokens: int = 0  # holds whose token was not above the key's last one
+    stops: int = 0  # workers stopped (SIGSTOP) while holding, past their leases
     lost_holds: int = 0
     backend_errors: int = 0
     # From a kill to the next successful acquire of a key the victim worked on (or,
@@ -609,6 +674,7 @@ class KillReport:
                 f"kills: {sum(self.kills.values())} ({kills})",
                 f"violations: {self.violations} ({self.overlaps} overlapping sections, "
                 f"{self.stale_tokens} tokens not above the last)",
+                f"workers stopped while holding, past their leases: {self.stops}",
                 f"holds lost to an expired lease: {self.lost_holds}",
                 f"backend errors: {self.backend_errors}",
                 f"longest a key stayed blocked after its holder died: {self.longest_blocked:.2f} s",
@@ -633,8 +699,10 @@ class KillingLoad:
         threads: int = 2,
         ttl: float = 1.0,
         reaper_interval: float = 0.5,
+        stops: bool = True,
     ) -> None:
         self.url = url
+        self.stops = stops
         self.table = table
         self.keys = [f"kill:{uuid.uuid4().hex}:{n}" for n in range(keys)]
         self.processes = processes
@@ -693,9 +761,12 @@ class KillingLoad:
 
     def _supervise(self, report: KillReport, until: float) -> None:
         next_kill = time.monotonic() + self._choose.uniform(*RANDOM_KILL_GAP)
+        next_stop = time.monotonic() + self._choose.uniform(*STOP_GAP)
         give_up = until + WAIT_LIMIT
         while (now := time.monotonic()) < give_up and (
-            now < until or not all(report.kills[doom] for doom in DOOMS)
+            now < until
+            or not all(report.kills[doom] for doom in DOOMS)
+            or (self.stops and not report.stops)
         ):
             wait(
                 [process.sentinel for process in self._live.values()],
@@ -708,7 +779,33 @@ class KillingLoad:
             if time.monotonic() >= next_kill:
                 self._kill_at_random(report)
                 next_kill = time.monotonic() + self._choose.uniform(*RANDOM_KILL_GAP)
+            if self.stops and time.monotonic() >= next_stop:
+                self._ask_to_stop()
+                next_stop = time.monotonic() + self._choose.uniform(*STOP_GAP)
+            self._continue_stopped(report, self.ttl * STOP_LEASES)
             self._resolve_kills(report)
+
+    def _ask_to_stop(self) -> None:
+        """Ask a worker without a doom to stop itself the next time it holds a key."""
+        ledger = self.ledger
+        idle = [
+            index
+            for index, doom in self._dooms_of.items()
+            if doom is None and not ledger.stop_request[index] and not ledger.stopped_at[index]
+        ]
+        if idle:
+            ledger.stop_request[self._choose.choice(idle)] = 1
+
+    def _continue_stopped(self, report: KillReport, after: float) -> None:
+        """SIGCONT the workers stopped for ``after`` seconds or longer."""
+        ledger = self.ledger
+        for index, process in self._live.items():
+            stopped_at = ledger.stopped_at[index]
+            if stopped_at and time.monotonic() - stopped_at >= after:
+                assert process.pid is not None
+                os.kill(process.pid, signal.SIGCONT)
+                ledger.stopped_at[index] = 0.0
+                report.stops += 1
 
     def _kill_at_random(self, report: KillReport) -> None:
         undoomed = [index for index, doom in self._dooms_of.items() if doom is None]
@@ -733,6 +830,8 @@ class KillingLoad:
         else:
             self.children.forget(process)
         ledger = self.ledger
+        ledger.stop_request[index] = 0
+        ledger.stopped_at[index] = 0.0
         slots = range(index * self.threads, (index + 1) * self.threads)
         died_at = time.monotonic()
         doom = AT_RANDOM
@@ -779,10 +878,17 @@ class KillingLoad:
                 ledger.killed_at[key] = 0.0
 
     def _wait_for_workers(self, report: KillReport) -> None:
-        """Let every worker finish its hold and exit; a doomed one may still die."""
+        """Let every worker finish its hold and exit; a doomed one may still die, and a
+        stopped one is continued at once."""
         deadline = time.monotonic() + WAIT_LIMIT
+        for index in self._live:
+            self.ledger.stop_request[index] = 0
         for index, process in list(self._live.items()):
-            process.join(max(0.0, deadline - time.monotonic()))
+            while process.is_alive() and time.monotonic() < deadline:
+                self._continue_stopped(report, 0.0)
+                assert process.pid is not None
+                os.kill(process.pid, signal.SIGCONT)  # (one may stop just after that)
+                process.join(0.05)
             if process.exitcode == -signal.SIGKILL:
                 self._buried(index, report)
             elif process.exitcode != 0:

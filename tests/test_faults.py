@@ -29,9 +29,10 @@ REAPER_INTERVAL = 0.5
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_killed_holders_never_break_mutual_exclusion(db_url: str, table: str) -> None:
-    """Four processes under load, killed at every point of a hold and restarted: no
-    two sections of a key overlap, tokens keep increasing, and the rows dead holders
-    left are gone within a lease and a reaper pass once the load stops."""
+    """Four processes under load, killed at every point of a hold and restarted, and
+    stopped (SIGSTOP) past their leases while they hold: no two sections of a key
+    overlap, tokens keep increasing, and the rows dead holders left are gone within a
+    lease and a reaper pass once the load stops."""
     load = procs.KillingLoad(db_url, table, ttl=KILLED_TTL, reaper_interval=REAPER_INTERVAL)
     report = load.run(LOAD_SECONDS)
     print(report.summary())
@@ -40,6 +41,7 @@ def test_killed_holders_never_break_mutual_exclusion(db_url: str, table: str) ->
     assert report.stale_tokens == 0
     assert report.sections > 0
     assert all(report.kills.values()), f"some kill points were never reached: {report.kills}"
+    assert report.stops > 0  # and workers stopped past their leases lost those holds
     assert report.backend_errors == 0
     # Measured for the summary; how long it is depends on the machine's load (a key
     # whose waiters were all killed waits for restarted workers), so it is not bounded
