@@ -18,6 +18,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
@@ -81,12 +82,27 @@ def _manager(url: str, table: str) -> tierlock.LockManager:
 
 
 def _take_holds(manager: tierlock.LockManager, keys: Sequence[str], rounds: int, log: Log) -> None:
-    """Hold and release each key in turn, ``rounds`` times, logging every token."""
-    for _ in range(rounds):
-        for key in keys:
-            with manager.lock(key, timeout=WAIT) as lock:
-                assert lock.token is not None
-                log.append((key, lock.token))
+    """In each of three threads, hold and release each key in turn, ``rounds`` times,
+    logging every token while it holds (so a key's tokens are logged in the order of
+    its holds, local hand-offs between the threads included)."""
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(rounds):
+                for key in keys:
+                    with manager.lock(key, timeout=WAIT) as lock:
+                        assert lock.token is not None
+                        log.append((key, lock.token))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(2 * WAIT)
+    assert errors == []
 
 
 def _child(
