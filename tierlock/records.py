@@ -74,11 +74,13 @@ class _Ids:
         self.pid = -1
 
     def reset(self) -> None:
-        self.pid = os.getpid()
+        # The pid goes last: a thread that sees it matching reads the other fields
+        # without a lock, so they must be set by then.
         self.prefix = secrets.token_hex(10)
         self.counter = itertools.count()
         self.host_id = process.host_identity()
         self.proc_start = process.own_start_time()
+        self.pid = os.getpid()
 
 
 _ids = _Ids()
