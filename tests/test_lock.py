@@ -15,6 +15,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.backends.sql.table import MAX_ROW_HANDOFFS
 from tierlock.tiers import COHORT_LIMIT
 
 MakeManager = Callable[..., tierlock.LockManager]
@@ -166,7 +167,8 @@ def test_hot_key_passes_between_threads_within_the_cohort_bound(
     make_manager: MakeManager, counting_engine: tuple[Engine, list[str]], key: str, renew: bool
 ) -> None:
     """8 threads on one key: a hold passes from thread to thread at most COHORT_LIMIT
-    times in a row, each time with a higher fencing token; with renewed leases a pass
+    times in a row unless the backend can tell that no other process waits, each time
+    with a higher fencing token; with renewed leases a pass
     sends no statement at all, with fixed ones one UPDATE; otherwise a section costs
     the insert and the delete."""
     engine, checkouts = counting_engine
@@ -195,7 +197,10 @@ def test_hot_key_passes_between_threads_within_the_cohort_bound(
     sections = threads_count * rounds
     assert counter[0] == sections
     assert tokens == sorted(set(tokens))  # strictly increasing, hand-offs included
-    assert max(token & 0xFFFF for token in tokens) <= COHORT_LIMIT
+    # SQLite (FIFOs) and MariaDB (named locks) can tell that nobody waits elsewhere:
+    # there a cohort that reaches the bound begins again instead of ending.
+    bound = COHORT_LIMIT if engine.dialect.name == "postgresql" else MAX_ROW_HANDOFFS
+    assert max(token & 0xFFFF for token in tokens) <= bound
     stats = manager.stats()
     assert stats.releases == stats.inserts + stats.handoffs + stats.local_handoffs == sections
     assert stats.heartbeats == 0
