@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 from proxy import Proxy
 from sqlalchemy import create_engine, text
@@ -185,3 +186,13 @@ def proxied(
         return make_manager(url=url.render_as_string(hide_password=False), **options)
 
     return make
+
+
+@pytest.fixture
+def children() -> Iterator[procs.Children]:
+    """The test's child processes; any still running at the end are killed."""
+    group = procs.Children()
+    try:
+        yield group
+    finally:
+        group.kill_all()

@@ -11,10 +11,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import procs
 import pytest
+from conftest import SERVERS, MakeManager
 from polling import wait_until
 from proxy import Proxy
 from sqlalchemy.pool.base import _ConnectionFairy
@@ -22,17 +22,7 @@ from sqlalchemy.pool.base import _ConnectionFairy
 import tierlock
 from tierlock import tiers
 
-MakeManager = Callable[..., tierlock.LockManager]
-
 HEARTBEAT = "tierlock-heartbeat"  # the heartbeat thread's name
-SERVERS = pytest.mark.parametrize(
-    "db",
-    [
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-        pytest.param("postgresql", marks=pytest.mark.postgresql),
-    ],
-    indirect=True,
-)
 
 
 class DriverStatements:
@@ -79,15 +69,6 @@ def driver_statements(monkeypatch: pytest.MonkeyPatch) -> DriverStatements:
 
     monkeypatch.setattr(_ConnectionFairy, "cursor", counting_cursor)
     return statements
-
-
-@pytest.fixture
-def children() -> Iterator[procs.Children]:
-    group = procs.Children()
-    try:
-        yield group
-    finally:
-        group.kill_all()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ class LockStats:
     local_waits: int = 0  #: acquisitions that waited in tier 1 behind a local thread
     statements: int = 0  #: SQL statements sent on the lock table
     doorbell_queries: int = 0  #: MariaDB/MySQL named-lock queries that wake pollers
+    wakeups: int = 0  #: SQLite: pollers of other processes woken after a row left
     inserts: int = 0  #: lock rows inserted (holds won in the database)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours

@@ -39,7 +39,9 @@ logger = logging.getLogger(__name__)
 OnLost = Callable[[str, int], None]
 
 # Pauses between two tries at a key held elsewhere start here and double, with jitter
-# so that waiting processes do not try in step, up to the manager's poll interval.
+# so that waiting processes do not try in step, up to the manager's poll interval. A
+# poller whose doorbell wakes it in turn pauses the poll interval after every try the
+# doorbell was armed for: its ring, not the clock, says when to try again.
 FIRST_POLL = 0.002
 # A cohort of hand-offs in a row within the process ends after this many, or this many
 # seconds, when other processes may be waiting for the key; then the key goes back to
@@ -183,7 +185,14 @@ class Tiers:
         missed = False  # whether another process held the key at some try
         try:
             if doorbell is not None:
-                doorbell.wait(COURTESY_PAUSE)
+                courtesy = COURTESY_PAUSE
+                if doorbell.wakes_in_turn:
+                    # It rings once those that waited before this thread had their turn.
+                    waiting = backend.others_waiting(key, False)
+                    courtesy = self.poll_interval if waiting else 0.0
+                if deadline is not None:
+                    courtesy = min(courtesy, max(0.0, deadline - time.monotonic()))
+                doorbell.wait(courtesy)
             while True:
                 self.check_open(key)
                 if doorbell is not None:
@@ -208,6 +217,8 @@ class Tiers:
                 self.check_open(key)
                 if doorbell is None:
                     doorbell = backend.doorbell(key)
+                elif doorbell.wakes_in_turn:
+                    pause = self.poll_interval
                 delay = random.uniform(pause / 2, pause)
                 if deadline is not None:
                     remaining = deadline - time.monotonic()

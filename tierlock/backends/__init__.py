@@ -148,6 +148,12 @@ class Doorbell:
     This one only sleeps, cut short when ``closing`` (the backend's) is set.
     """
 
+    #: Whether a released hold wakes this doorbell's poller when its turn comes (the
+    #: poller that has waited longest is woken first). Its poller then pauses whole poll
+    #: intervals once the doorbell is armed: short, doubling pauses would only let it
+    #: race the poller woken ahead of it, and win at random.
+    wakes_in_turn = False
+
     def __init__(self, closing: threading.Event | None = None) -> None:
         self._closing = closing
 

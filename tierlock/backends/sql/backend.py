@@ -1,6 +1,7 @@
 """The SQL backend: holds as rows of one table, on SQLite, MariaDB/MySQL (pymysql) and
 PostgreSQL (psycopg 3). Statements and their failures: ``running``; the table and every
-statement: ``table``; wake-ups: ``notify`` (PostgreSQL) and ``bells`` (MariaDB/MySQL)."""
+statement: ``table``; wake-ups: ``notify`` (PostgreSQL), ``bells`` (MariaDB/MySQL) and
+``fifos`` (SQLite)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .engine import (
     engine_for_url,
     usable_engine,
 )
+from .fifos import FifoBells
 from .notify import Listener, channel_name
 from .running import Link, Queries, Runner
 from .schema import prepare_table
@@ -121,6 +123,7 @@ class SQLBackend(LockBackend):
         self._listener: Listener | None = None
         self._watchdog: Watchdog | None = None
         self._bells: Bells | None = None
+        self._fifos: FifoBells | None = None
         channel = None
         if self.dialect_name == "postgresql":
             channel = channel_name(self.table.name)
@@ -128,6 +131,8 @@ class SQLBackend(LockBackend):
             self._watchdog = Watchdog(timeout / 2)
         elif self.dialect_name in MYSQL_FAMILY:
             self._bells = Bells(self._dedicated_connection, self.table.name, counters)
+        elif self.dialect_name == "sqlite":
+            self._fifos = FifoBells.for_url(self._engine.url, self.table.name, counters)
         self._runner = Runner(
             self._engine,
             counters=counters,
@@ -252,7 +257,10 @@ class SQLBackend(LockBackend):
             # reaper, a waiter taking over) have removed it; after that, it is lost.
             return uncertain and time.monotonic() < live_until
 
-        return self._run("release", key, attempt)
+        released: bool = self._run("release", key, attempt)
+        if released and self._fifos is not None:
+            self._fifos.notify(key)
+        return released
 
     def handoff(
         self,
@@ -329,17 +337,23 @@ class SQLBackend(LockBackend):
         """Delete ``item``'s row once its sessions are over; ``False``: not yet."""
         queries = self.queries
         params = {"key": item.key, "owner": item.owner_id}
+        deleted = False
 
         def attempt(link: Link, uncertain: bool) -> bool:
+            nonlocal deleted
             if item.sessions and time.monotonic() < item.give_up:
                 for session in item.sessions:
                     if link.execute(queries.session_alive, {"session": session}).rows:
                         return False
             if link.execute(queries.delete_owned, params).rowcount:
                 logger.warning("lock %r: deleted a row its interrupted owner left", item.key)
+                deleted = True
             return True
 
-        return self._run("sweep", item.key, attempt)
+        done: bool = self._run("sweep", item.key, attempt)
+        if deleted and self._fifos is not None:
+            self._fifos.notify(item.key)
+        return done
 
     def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
         params = {"key": key, "owner": owner_id, "ttl": ttl, "lease": lease}
@@ -371,11 +385,14 @@ class SQLBackend(LockBackend):
         )
 
     def force_release(self, key: str) -> bool:
-        return self._run(
+        deleted: bool = self._run(
             "force_release",
             key,
             lambda link, _: link.execute(self.queries.delete_key, {"key": key}).rowcount > 0,
         )
+        if deleted and self._fifos is not None:
+            self._fifos.notify(key)
+        return deleted
 
     def reap(self) -> int:
         total = 0
@@ -395,9 +412,15 @@ class SQLBackend(LockBackend):
             return self._listener.doorbell(key)
         if self._bells is not None:
             return self._bells.doorbell(key)
+        if self._fifos is not None:
+            bell = self._fifos.doorbell(key)
+            if bell is not None:
+                return bell
         return Doorbell(self._closing)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
+        if self._fifos is not None:
+            return self._fifos.waiting(key)
         # A doorbell's named lock held by this process hides who waits behind it.
         if self._bells is None or ringing:
             return None
@@ -427,11 +450,15 @@ class SQLBackend(LockBackend):
             self._watchdog.forget()
         if self._bells is not None:
             self._bells.forget()
+        if self._fifos is not None:
+            self._fifos.forget()
 
     def close(self) -> None:
         if self.closed:
             return
         self._closing.set()
+        if self._fifos is not None:
+            self._fifos.close()  # (which wakes its pollers)
         if self._listener is not None:
             self._listener.close()  # (which wakes its pollers first)
         gate = self._runner.gate
