@@ -233,7 +233,7 @@ def test_interrupt_while_the_doorbell_rings_still_wakes_the_successor(
     monkeypatch.setattr(tiers, "COHORT_LIMIT", 0)  # release, do not hand off
     locks = proxied()
     other = Holder(direct, key)
-    bells = locks._backend._bells  # type: ignore[attr-defined]
+    bells = locks._backend._wakeups._bells  # type: ignore[attr-defined]
 
     def release_once_polled() -> None:
         wait_until(lambda: bells.waiting(key), "the main thread to ring the doorbell")

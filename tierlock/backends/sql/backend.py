@@ -1,18 +1,13 @@
 """The SQL backend: holds as rows of one table, on SQLite, MariaDB/MySQL (pymysql) and
 PostgreSQL (psycopg 3). Statements and their failures: ``running``; the table and every
-statement: ``table``; wake-ups: ``notify`` (PostgreSQL), ``bells`` (MariaDB/MySQL) and
-``fifos`` (SQLite)."""
+statement: ``table``; wake-ups: ``wakeups``."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 import time
-import weakref
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import MetaData
@@ -22,71 +17,34 @@ from ... import process
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
-from .bells import Bells
 from .engine import (
     DEFAULT_TIMEOUT,
+    PAUSED_FOR_FORKS,
     SQLITE_BUSY_SLICE,
     SQLITE_LEAST_BUSY_WAIT,
     engine_for_url,
+    pause_forks_for,
     usable_engine,
 )
-from .fifos import FifoBells
-from .notify import Listener, channel_name
+from .notify import channel_name
+from .rows import listed_params, row_info
 from .running import Link, Queries, Runner
 from .schema import prepare_table
 from .sweeper import Sweep, Sweeper
 from .table import (
     MAX_ROW_HANDOFFS,
-    MYSQL_FAMILY,
     REAP_BATCH,
     Statements,
     check_table_name,
     fencing_token,
     lock_table,
 )
+from .wakeups import WakeUps
 from .watchdog import Watchdog
 
 __all__ = ["SQLBackend"]
 
 logger = logging.getLogger(__name__)
-
-
-def _utc(value: datetime | str) -> datetime:
-    # PostgreSQL returns aware datetimes in the session's zone, MySQL naive ones and
-    # SQLite text; the naive ones hold UTC because only UTC is ever stored.
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-def _info(row: dict[str, Any]) -> LockInfo:
-    return LockInfo(
-        key=row["lock_key"],
-        token=fencing_token(row["token"], row["handoffs"]),
-        owner=row["owner_id"],
-        host=row["host"],
-        pid=row["pid"],
-        thread_id=row["thread_id"],
-        thread_name=row["thread_name"],
-        acquired_at=_utc(row["acquired_at"]),
-        expires_at=_utc(row["expires_at"]),
-        expired=bool(row["expired"]),
-        lease=row["lease"],
-        host_id=row["host_id"],
-        process_start=row["proc_start"],
-    )
-
-
-def _listed_params(holds: Sequence[tuple[str, str]], size: int) -> dict[str, str]:
-    """Parameters of a listed statement with ``size`` places (see ``Statements``)."""
-    params = {f"k{index}": "" for index in range(len(holds), size)}
-    params.update({f"o{index}": "" for index in range(len(holds), size)})
-    for index, (key, owner) in enumerate(holds):
-        params[f"k{index}"] = key
-        params[f"o{index}"] = owner
-    return params
 
 
 class SQLBackend(LockBackend):
@@ -120,19 +78,19 @@ class SQLBackend(LockBackend):
             self._owns_engine = False
             self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect_name = self._engine.dialect.name
-        self._listener: Listener | None = None
         self._watchdog: Watchdog | None = None
-        self._bells: Bells | None = None
-        self._fifos: FifoBells | None = None
         channel = None
         if self.dialect_name == "postgresql":
             channel = channel_name(self.table.name)
-            self._listener = Listener(self._dedicated_connection, channel)
             self._watchdog = Watchdog(timeout / 2)
-        elif self.dialect_name in MYSQL_FAMILY:
-            self._bells = Bells(self._dedicated_connection, self.table.name, counters)
-        elif self.dialect_name == "sqlite":
-            self._fifos = FifoBells.for_url(self._engine.url, self.table.name, counters)
+        self._wakeups = WakeUps(
+            self.dialect_name,
+            self._engine.url,
+            self.table.name,
+            channel,
+            self._dedicated_connection,
+            counters,
+        )
         self._runner = Runner(
             self._engine,
             counters=counters,
@@ -142,11 +100,10 @@ class SQLBackend(LockBackend):
         )
         self._run = self._runner.run
         self._sweeper = Sweeper(self._sweep)
-        self._closing = threading.Event()  # cuts SQLite pollers' pauses short at close
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._engine.dialect)
         if self.dialect_name == "sqlite":
-            _sqlite_backends.add(self)
+            pause_forks_for(self._runner.gate)
         gate = self._runner.gate
         gate.enter()
         try:
@@ -258,8 +215,8 @@ class SQLBackend(LockBackend):
             return uncertain and time.monotonic() < live_until
 
         released: bool = self._run("release", key, attempt)
-        if released and self._fifos is not None:
-            self._fifos.notify(key)
+        if released:
+            self._wakeups.released(key)
         return released
 
     def handoff(
@@ -300,7 +257,7 @@ class SQLBackend(LockBackend):
         """One statement renews ``holds``; a second, only if some were not renewed,
         tells which were."""
         query, size = self.queries.listed("renew_owned", len(part))
-        params = _listed_params(part, size)
+        params = listed_params(part, size)
         self.counters.add("heartbeats")
         owners = {owner for _, owner in part}
         if link.execute(query, params).rowcount == len(part):
@@ -351,8 +308,8 @@ class SQLBackend(LockBackend):
             return True
 
         done: bool = self._run("sweep", item.key, attempt)
-        if deleted and self._fifos is not None:
-            self._fifos.notify(item.key)
+        if deleted:
+            self._wakeups.released(item.key)
         return done
 
     def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
@@ -373,7 +330,7 @@ class SQLBackend(LockBackend):
     def info(self, key: str) -> LockInfo | None:
         def attempt(link: Link, uncertain: bool) -> LockInfo | None:
             rows = link.execute(self.queries.select_info, {"key": key}).records()
-            return _info(rows[0]) if rows else None
+            return row_info(rows[0]) if rows else None
 
         return self._run("info", key, attempt)
 
@@ -381,7 +338,9 @@ class SQLBackend(LockBackend):
         return self._run(
             "holders",
             None,
-            lambda link, _: [_info(row) for row in link.execute(self.queries.select_all).records()],
+            lambda link, _: [
+                row_info(row) for row in link.execute(self.queries.select_all).records()
+            ],
         )
 
     def force_release(self, key: str) -> bool:
@@ -390,8 +349,8 @@ class SQLBackend(LockBackend):
             key,
             lambda link, _: link.execute(self.queries.delete_key, {"key": key}).rowcount > 0,
         )
-        if deleted and self._fifos is not None:
-            self._fifos.notify(key)
+        if deleted:
+            self._wakeups.released(key)
         return deleted
 
     def reap(self) -> int:
@@ -408,23 +367,10 @@ class SQLBackend(LockBackend):
                 return total
 
     def doorbell(self, key: str) -> Doorbell:
-        if self._listener is not None:
-            return self._listener.doorbell(key)
-        if self._bells is not None:
-            return self._bells.doorbell(key)
-        if self._fifos is not None:
-            bell = self._fifos.doorbell(key)
-            if bell is not None:
-                return bell
-        return Doorbell(self._closing)
+        return self._wakeups.doorbell(key)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
-        if self._fifos is not None:
-            return self._fifos.waiting(key)
-        # A doorbell's named lock held by this process hides who waits behind it.
-        if self._bells is None or ringing:
-            return None
-        return self._bells.waiting(key)
+        return self._wakeups.others_waiting(key, ringing)
 
     def _dedicated_connection(self) -> Any:
         """A driver connection in autocommit mode, outside the pool: for LISTEN, or
@@ -444,54 +390,22 @@ class SQLBackend(LockBackend):
         self._base_engine.dispose(close=False)
         self._runner.after_fork()
         self._sweeper.forget()  # the parent sweeps its own rows
-        if self._listener is not None:
-            self._listener.forget()
+        self._wakeups.after_fork()
         if self._watchdog is not None:
             self._watchdog.forget()
-        if self._bells is not None:
-            self._bells.forget()
-        if self._fifos is not None:
-            self._fifos.forget()
 
     def close(self) -> None:
         if self.closed:
             return
-        self._closing.set()
-        if self._fifos is not None:
-            self._fifos.close()  # (which wakes its pollers)
-        if self._listener is not None:
-            self._listener.close()  # (which wakes its pollers first)
+        self._wakeups.wake_all()
         gate = self._runner.gate
         gate.close(self.timeout * 1.5)
         self._sweeper.finish(self.timeout)
         gate.seal()
-        if self._bells is not None:
-            self._bells.close()
+        self._wakeups.close()
         if self._watchdog is not None:
             self._watchdog.close()
         if self._owns_engine:
             self._base_engine.dispose()
-        _sqlite_backends.discard(self)
-
-
-# SQLite runs in the process, and its global mutexes are copied into a forked child
-# locked if a thread of the parent was inside SQLite at that moment: the child then
-# hangs on its first statement. So a fork waits until no tierlock statement on SQLite
-# is under way, and holds new ones back until it is done.
-_sqlite_backends: weakref.WeakSet[SQLBackend] = weakref.WeakSet()
-# The longest a fork waits for statements under way (each waits at most
-# SQLITE_BUSY_SLICE for the write lock).
-FORK_WAIT = 5.0
-
-
-def _pause_for_fork() -> None:
-    for backend in list(_sqlite_backends):
-        backend._runner.gate.pause(FORK_WAIT)
-
-
-def _resume_after_fork() -> None:
-    for backend in list(_sqlite_backends):
-        backend._runner.gate.resume()
-
-
-os.register_at_fork(before=_pause_for_fork, after_in_parent=_resume_after_fork)
+        if self.dialect_name == "sqlite":
+            PAUSED_FOR_FORKS.discard(self._runner.gate)

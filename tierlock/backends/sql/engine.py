@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
+import weakref
 from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from ..gate import Gate
 from .table import MYSQL_FAMILY
 
 __all__ = [
@@ -145,3 +148,31 @@ def set_busy_timeout(connection: sqlite3.Connection, info: dict[str, Any], wait:
     if info.get("busy_ms") != milliseconds:
         connection.execute(f"PRAGMA busy_timeout = {milliseconds:d}")
         info["busy_ms"] = milliseconds
+
+
+# SQLite runs in the process, and its global mutexes are copied into a forked child
+# locked if a thread of the parent was inside SQLite at that moment: the child then
+# hangs on its first statement. So a fork waits until no tierlock statement on SQLite
+# is under way, and holds new ones back until it is done.
+PAUSED_FOR_FORKS: weakref.WeakSet[Gate] = weakref.WeakSet()
+# The longest a fork waits for statements under way (each waits at most
+# SQLITE_BUSY_SLICE for the write lock).
+FORK_WAIT = 5.0
+
+
+def pause_forks_for(gate: Gate) -> None:
+    """Make every fork wait for the statements that pass ``gate`` (SQLite's)."""
+    PAUSED_FOR_FORKS.add(gate)
+
+
+def _pause_for_fork() -> None:
+    for gate in list(PAUSED_FOR_FORKS):
+        gate.pause(FORK_WAIT)
+
+
+def _resume_after_fork() -> None:
+    for gate in list(PAUSED_FOR_FORKS):
+        gate.resume()
+
+
+os.register_at_fork(before=_pause_for_fork, after_in_parent=_resume_after_fork)
