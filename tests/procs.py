@@ -392,6 +392,7 @@ class Ledger:
         self.overlaps = CTX.RawArray(ctypes.c_longlong, slots)
         self.stale_tokens = CTX.RawArray(ctypes.c_longlong, slots)
         self.lost = CTX.RawArray(ctypes.c_longlong, slots)
+        self.outlived = CTX.RawArray(ctypes.c_longlong, slots)  # sections past the lease
         self.errors = CTX.RawArray(ctypes.c_longlong, slots)
         self.slowest_error = CTX.RawArray(ctypes.c_double, slots)
         # Set for every slot of a process once it is sent SIGKILL: a process that takes
@@ -598,6 +599,8 @@ def churn(
             if lock.owned():
                 assert lock.token is not None
                 ledger.section(slot, key, lock.token, die=dies and doom == "in section")
+                if not lock.owned():  # its renewal came too late (a starved process)
+                    ledger.outlived[slot] += 1
         _plan.doom = doom if dies and doom in ("before delete", "after delete") else None
         try:
             lock.release()
@@ -653,6 +656,7 @@ class KillReport:
     stale_tokens: int = 0  # holds whose token was not above the key's last one
     stops: int = 0  # workers stopped (SIGSTOP) while holding, past their leases
     lost_holds: int = 0
+    outlived: int = 0  # sections whose lease could not be confirmed by their end
     backend_errors: int = 0
     # From a kill to the next successful acquire of a key the victim worked on (or,
     # for kills near the end, to when the reaper had emptied the table).
@@ -676,6 +680,7 @@ class KillReport:
                 f"{self.stale_tokens} tokens not above the last)",
                 f"workers stopped while holding, past their leases: {self.stops}",
                 f"holds lost to an expired lease: {self.lost_holds}",
+                f"sections that outlived their lease's last renewal: {self.outlived}",
                 f"backend errors: {self.backend_errors}",
                 f"longest a key stayed blocked after its holder died: {self.longest_blocked:.2f} s",
                 f"table empty {self.emptied_after:.2f} s after the load stopped",
@@ -742,6 +747,7 @@ class KillingLoad:
         report.overlaps = sum(ledger.overlaps)
         report.stale_tokens = sum(ledger.stale_tokens)
         report.lost_holds = sum(ledger.lost)
+        report.outlived = sum(ledger.outlived)
         report.backend_errors = sum(ledger.errors)
         report.failures += self.children.failures()
         return report
