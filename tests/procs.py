@@ -820,9 +820,11 @@ class KillingLoad:
         index = self._choose.choice(undoomed)
         victim = self._live[index]
         assert victim.pid is not None
-        os.kill(victim.pid, signal.SIGKILL)
+        # Marked dying first, as a doomed worker marks itself: a waiter on this host
+        # takes a dead holder's key over at once, and must not find it still inside.
         for slot in self.ledger.process_slots(index * self.threads):
             self.ledger.dying[slot] = 1
+        os.kill(victim.pid, signal.SIGKILL)
         self._buried(index, report)
         self._start(index)
 
