@@ -129,7 +129,7 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     result = run_bench(
         *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
         *("--scenario", "flash-sale", "--scenario", "renewal", "--seconds", "0.5"),
-        *("--renewal-holds", str(holds), "--renewal-ttl", "0.6"),
+        *("--renewal-holds", str(holds), "--renewal-ttl", "2.0"),
         *(f"--impl={name}" for name in ("tierlock", "table-only", "get-lock", "advisory")),
         cwd=tmp_path,
     )
