@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import os
 
-__all__ = ["host_identity", "is_gone", "own_start_time", "start_time"]
+__all__ = ["Unknown", "host_identity", "is_gone", "own_start_time", "start_time"]
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 PID_NAMESPACE = "/proc/self/ns/pid"
@@ -31,25 +31,37 @@ def host_identity() -> str | None:
     return f"{boot}/{namespace}"
 
 
+class Unknown(Exception):
+    """The system could not tell about a process (no ``/proc``, or a read failed)."""
+
+
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot; ``None`` if it does not
-    exist, has exited (a zombie), or the system does not tell."""
+    exist or has exited (a zombie). Raises :class:`Unknown` when the system cannot tell:
+    a failed read (too many open files, say) proves nothing about the process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as file:
             stat = file.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    except OSError as exc:
+        raise Unknown(str(exc)) from exc
     # "pid (command) state ppid ... starttime ...": the command may hold spaces and
     # parentheses, so fields are counted from the last ")".
     fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+    if len(fields) < 20:
+        raise Unknown(f"/proc/{pid}/stat is not what it should be")
+    if fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])
 
 
 @functools.lru_cache(maxsize=1)
 def _own_start_time(pid: int) -> int | None:
-    return start_time(pid)
+    try:
+        return start_time(pid)
+    except Unknown:
+        return None  # (then this process's rows are freed by their leases only)
 
 
 def own_start_time() -> int | None:
@@ -62,4 +74,7 @@ def is_gone(host: str | None, pid: int | None, started: int | None) -> bool:
     it ran on this host, and no process with that pid and start time exists now."""
     if host is None or pid is None or started is None or host != host_identity():
         return False
-    return start_time(pid) != started
+    try:
+        return start_time(pid) != started
+    except Unknown:
+        return False
