@@ -393,6 +393,11 @@ class Ledger:
         self.stale_tokens = CTX.RawArray(ctypes.c_longlong, slots)
         self.lost = CTX.RawArray(ctypes.c_longlong, slots)
         self.outlived = CTX.RawArray(ctypes.c_longlong, slots)  # sections past the lease
+        # What a section found at its first overlap: its token, the slot inside, that
+        # slot's token, and the pids of both (for the summary).
+        self.token_of = CTX.RawArray(ctypes.c_longlong, slots)
+        self.pid_of = CTX.RawArray(ctypes.c_longlong, slots)
+        self.first_overlap = CTX.RawArray(ctypes.c_longlong, [-1] * 5)
         self.errors = CTX.RawArray(ctypes.c_longlong, slots)
         self.slowest_error = CTX.RawArray(ctypes.c_double, slots)
         # Set for every slot of a process once it is sent SIGKILL: a process that takes
@@ -422,14 +427,27 @@ class Ledger:
         return range(first, first + self.threads)
 
     def _others_inside(self, slot: int, key: int) -> bool:
-        return any(
-            self.inside[other] == key and not self.dying[other]
-            for other in range(self.slots)
-            if other != slot
+        for other in range(self.slots):
+            if other != slot and self.inside[other] == key and not self.dying[other]:
+                if self.first_overlap[0] < 0:
+                    note = (self.token_of[slot], other, self.token_of[other])
+                    self.first_overlap[1:5] = [*note, self.pid_of[other]]
+                    self.first_overlap[0] = slot
+                return True
+        return False
+
+    def overlap_note(self) -> str:
+        slot, token, other, other_token, other_pid = self.first_overlap
+        if slot < 0:
+            return "none"
+        return (
+            f"slot {slot} (pid {self.pid_of[slot]}) with token {token} found slot "
+            f"{other} (pid {other_pid}) inside with token {other_token}"
         )
 
     def section(self, slot: int, key: int, token: int, *, die: bool) -> None:
         """One critical section of ``slot`` on ``key``, which it holds with ``token``."""
+        self.token_of[slot], self.pid_of[slot] = token, os.getpid()
         self.inside[slot] = key
         if self._others_inside(slot, key):
             self.overlaps[slot] += 1
@@ -657,6 +675,7 @@ class KillReport:
     stops: int = 0  # workers stopped (SIGSTOP) while holding, past their leases
     lost_holds: int = 0
     outlived: int = 0  # sections whose lease could not be confirmed by their end
+    first_overlap: str = "none"
     backend_errors: int = 0
     # From a kill to the next successful acquire of a key the victim worked on (or,
     # for kills near the end, to when the reaper had emptied the table).
@@ -678,6 +697,7 @@ class KillReport:
                 f"kills: {sum(self.kills.values())} ({kills})",
                 f"violations: {self.violations} ({self.overlaps} overlapping sections, "
                 f"{self.stale_tokens} tokens not above the last)",
+                f"first overlap: {self.first_overlap}",
                 f"workers stopped while holding, past their leases: {self.stops}",
                 f"holds lost to an expired lease: {self.lost_holds}",
                 f"sections that outlived their lease's last renewal: {self.outlived}",
@@ -748,6 +768,7 @@ class KillingLoad:
         report.stale_tokens = sum(ledger.stale_tokens)
         report.lost_holds = sum(ledger.lost)
         report.outlived = sum(ledger.outlived)
+        report.first_overlap = ledger.overlap_note()
         report.backend_errors = sum(ledger.errors)
         report.failures += self.children.failures()
         return report
