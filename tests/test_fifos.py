@@ -6,15 +6,13 @@ another program would; events and pipes, not sleeps, say when a child is polling
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Barrier, Event
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +31,6 @@ SQLITE = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 TABLE = "tl_fifos"
 # A pause that no test waits out: a waiter back before it was woken.
 LONG_PAUSE = 30.0
-# Fairness: processes x threads on one key, for this many seconds.
-PROCESSES, THREADS, FAIR_SECONDS = 4, 4, 3.0
-
-
-@pytest.fixture
-def children() -> Iterator[procs.Children]:
-    group = procs.Children()
-    try:
-        yield group
-    finally:
-        group.kill_all()
 
 
 @pytest.fixture
@@ -264,61 +251,3 @@ def test_a_release_wakes_a_waiter_of_another_process_at_once(
     assert receiver.recv() - released < 2.0  # against a poll interval of LONG_PAUSE
     children.join()
     assert manager.stats().wakeups == 1
-
-
-def _hot_key(
-    *,
-    url: str,
-    table: str,
-    key: str,
-    start: Barrier,
-    stop: Event,
-    counts: Any,
-    first: int,
-) -> None:
-    """``THREADS`` threads take ``key`` over and over until ``stop``, each counting its
-    sections in ``counts[first + n]``."""
-    with procs.open_manager(url, table) as manager:
-        lock = manager.lock(key)
-
-        def work(slot: int) -> None:
-            start.wait(procs.WAIT_LIMIT)
-            while not stop.is_set():
-                with lock:
-                    counts[slot] += 1
-
-        threads = [threading.Thread(target=work, args=(first + n,)) for n in range(THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(procs.WAIT_LIMIT + FAIR_SECONDS)
-
-
-@SQLITE
-@pytest.mark.slow
-def test_processes_take_turns_on_a_hot_key(
-    db_url: str, table: str, key: str, children: procs.Children
-) -> None:
-    """4 processes x 4 threads on one key: the least served thread completes at least
-    half as many sections as the most served one."""
-    tierlock.LockManager(db_url, table=table, reaper_interval=None).close()  # the table
-    start = procs.CTX.Barrier(PROCESSES * THREADS + 1)
-    stop = procs.CTX.Event()
-    counts = procs.CTX.RawArray(ctypes.c_longlong, PROCESSES * THREADS)
-    for number in range(PROCESSES):
-        children.start(
-            _hot_key,
-            url=db_url,
-            table=table,
-            key=key,
-            start=start,
-            stop=stop,
-            counts=counts,
-            first=number * THREADS,
-        )
-    start.wait(procs.WAIT_LIMIT)
-    time.sleep(FAIR_SECONDS)  # the length of the run, not a synchronisation
-    stop.set()
-    children.join()
-    least, most = min(counts), max(counts)
-    assert most > 0 and least >= most / 2, f"sections per thread: {list(counts)}"
