@@ -22,7 +22,7 @@ MakeManager = Callable[..., tierlock.LockManager]
 # Short here: the soak runs the same load for minutes.
 LOAD_SECONDS = 6.0
 # The lease of every hold in the load: a killed holder blocks its key about this long.
-KILLED_TTL = 1.0
+KILLED_TTL = 3.0
 REAPER_INTERVAL = 0.5
 
 

@@ -57,6 +57,11 @@ COHORT_TIME = 0.005
 # thread 0.41-0.66; with 20 ms, 0.68-0.95.) It costs nothing while they are active:
 # the key is theirs meanwhile.
 COURTESY_PAUSE = 0.02
+# A key that a try of this process found held elsewhere counts as wanted elsewhere for
+# this long: a cohort that ends then lets the other processes try first even if its own
+# hold was won at the first try (which, on a loaded machine, the same process would
+# otherwise keep doing while the others' woken pollers wait to be scheduled).
+CONTENTION_MEMORY = 0.1
 
 
 class Request:
@@ -84,10 +89,14 @@ class Tiers:
         self.registry: Registry[Hold, Request] = Registry(counters)
         self.heartbeat = Heartbeat(backend, counters, idle)
         self.closed = False
+        # When a try last found each key held elsewhere; a key leaves once nobody in
+        # the process holds or wants it.
+        self.missed_at: dict[str, float] = {}
 
     def after_fork(self) -> None:
         self.registry.reset()
         self.heartbeat.forget()
+        self.missed_at = {}
 
     def close(self) -> None:
         self.closed = True
@@ -143,6 +152,8 @@ class Tiers:
                 if hold is None:
                     self.backend.discard(key, owner_id, certain=False)
                     registry.unclaim(key)
+                    if not registry.busy(key):
+                        self.missed_at.pop(key, None)
                     return False
                 registry.settle(key, hold)
                 if hold.lease is not None:
@@ -218,6 +229,7 @@ class Tiers:
                         ring=ring,
                     )
                 missed = True
+                self.missed_at[key] = time.monotonic()
                 self.check_open(key)
                 if doorbell is None:
                     doorbell = backend.doorbell(key)
@@ -267,10 +279,7 @@ class Tiers:
                     handed = self._hand_off(key, hold, successor.request)
                     released = handed is not None
                 else:
-                    if successor is not None and (
-                        hold.contended or self.backend.others_waiting(key, hold.ring is not None)
-                    ):
-                        successor.request.courteous = True
+                    self._step_aside(hold, None if successor is None else successor.request)
                     self.heartbeat.remove(hold)
                     released = self.backend.release(key, hold.owner_id, hold.live_until)
             except LockError:
@@ -290,6 +299,23 @@ class Tiers:
             hold = handed
         if not released:
             self._lost(hold, "its release")
+
+    def _step_aside(self, hold: Hold, request: Request | None) -> None:
+        """Before ``hold`` goes back to the database: the next local waiter, asking for
+        ``request``, lets other processes try first if they may want the key."""
+        key = hold.key
+        if request is None:
+            self.missed_at.pop(key, None)  # nobody here wants it any more
+            return
+        missed_lately = (
+            time.monotonic() - self.missed_at.get(key, -CONTENTION_MEMORY) < CONTENTION_MEMORY
+        )
+        if (
+            hold.contended
+            or missed_lately
+            or self.backend.others_waiting(key, hold.ring is not None)
+        ):
+            request.courteous = True
 
     @staticmethod
     def _passes_locally(hold: Hold, request: Request) -> bool:
