@@ -165,10 +165,6 @@ class Hold:
         self.cohort = 0  # hand-offs in a row within this process (lock cohorting)
         self.cohort_began = 0.0
 
-    @property
-    def renewed(self) -> bool:
-        return self.lease is not None
-
 
 @dataclasses.dataclass(frozen=True)
 class LockInfo:
