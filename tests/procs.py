@@ -835,7 +835,12 @@ class KillingLoad:
                 report.stops += 1
 
     def _kill_at_random(self, report: KillReport) -> None:
-        undoomed = [index for index, doom in self._dooms_of.items() if doom is None]
+        ledger = self.ledger
+        undoomed = [
+            index
+            for index, doom in self._dooms_of.items()
+            if doom is None and not ledger.stop_request[index] and not ledger.stopped_at[index]
+        ]
         if not undoomed:
             return
         index = self._choose.choice(undoomed)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from .backends import LockBackend
+from .backends import Doorbell, LockBackend
 from .errors import LockError, LockLostError, NotHeldError
 from .leases import Heartbeat
 from .local import Registry
@@ -187,6 +187,24 @@ class Tiers:
         except LockError as exc:
             logger.warning("passing on %r after an interrupted acquire failed: %s", key, exc)
 
+    def _let_others_first(self, key: str, doorbell: Doorbell, deadline: float | None) -> None:
+        """Pause before a courteous waiter's first try, so that other processes that
+        want ``key`` get it first."""
+        if doorbell.wakes_in_turn:
+            # It rings once those that waited before this thread had their turn.
+            waiting = self.backend.others_waiting(key, False)
+            courtesy = self.poll_interval if waiting else 0.0
+        else:
+            courtesy = COURTESY_PAUSE
+        if deadline is not None:
+            courtesy = min(courtesy, max(0.0, deadline - time.monotonic()))
+        if doorbell.wakes_in_turn:
+            doorbell.wait(courtesy)
+        else:
+            # A doorbell that rings for every release (PostgreSQL's NOTIFY) would ring
+            # for this process's own, and end the courtesy at once.
+            time.sleep(courtesy)
+
     def _acquire_remote(self, key: str, request: Request, deadline: float | None) -> Hold | None:
         """Try the backend until it grants ``key`` or ``deadline`` passes.
 
@@ -200,14 +218,7 @@ class Tiers:
         missed = False  # whether another process held the key at some try
         try:
             if doorbell is not None:
-                courtesy = COURTESY_PAUSE
-                if doorbell.wakes_in_turn:
-                    # It rings once those that waited before this thread had their turn.
-                    waiting = backend.others_waiting(key, False)
-                    courtesy = self.poll_interval if waiting else 0.0
-                if deadline is not None:
-                    courtesy = min(courtesy, max(0.0, deadline - time.monotonic()))
-                doorbell.wait(courtesy)
+                self._let_others_first(key, doorbell, deadline)
             while True:
                 self.check_open(key)
                 if doorbell is not None:
