@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .manager import LockManager
     from .tiers import OnLost
 
-__all__ = ["Lock", "seconds"]
+__all__ = ["Lock", "callback", "flag", "seconds"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,21 @@ def seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = 
         bound = "non-negative" if zero_ok else "positive"
         raise ValueError(f"{name} must be a {bound} number of seconds, got {value!r}")
     return float(value)
+
+
+def flag(name: str, value: object, *, none_ok: bool = False) -> Any:
+    """``value`` checked as a switch, for option ``name``."""
+    if (value is None and none_ok) or isinstance(value, bool):
+        return value
+    allowed = "True, False or None" if none_ok else "True or False"
+    raise TypeError(f"{name} must be {allowed}, not {type(value).__name__}")
+
+
+def callback(name: str, value: object) -> Any:
+    """``value`` checked as a callable or ``None``, for option ``name``."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable or None, not {type(value).__name__}")
+    return value
 
 
 def _wait_time(blocking: bool, timeout: float | None) -> float | None:
@@ -94,12 +109,8 @@ class Lock:
         self._ttl: float | None = seconds("ttl", ttl, none_ok=True)
         _check_representable(timeout)
         self._timeout: float | None = seconds("timeout", timeout, none_ok=True, zero_ok=True)
-        if renew is not None and not isinstance(renew, bool):
-            raise TypeError(f"renew must be True, False or None, not {type(renew).__name__}")
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be a callable or None, not {type(on_lost).__name__}")
-        self._renew = renew
-        self._on_lost = on_lost
+        self._renew: bool | None = flag("renew", renew, none_ok=True)
+        self._on_lost: OnLost | None = callback("on_lost", on_lost)
 
     @property
     def key(self) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends import LockBackend, open_backend
 from .keys import KeyLike, make_key
-from .lock import Lock, seconds
+from .lock import Lock, callback, flag, seconds
 from .reaper import Reaper
 from .records import LockInfo
 from .stats import Counters, LockStats
@@ -110,8 +110,8 @@ class LockManager:
         database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
         self.ttl: float = seconds("ttl", ttl)
-        self.renew = _flag("renew", renew)
-        self.on_lost = _callback("on_lost", on_lost)
+        self.renew: bool = flag("renew", renew)
+        self.on_lost: OnLost | None = callback("on_lost", on_lost)
         self.poll_interval: float = seconds("poll_interval", poll_interval)
         reaper_interval = seconds("reaper_interval", reaper_interval, none_ok=True)
         if url is None and engine is None:
@@ -280,15 +280,3 @@ class LockManager:
         self._tiers.after_fork()
         self._reaper.forget()
         self._backend.after_fork()
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
-
-
-def _callback(name: str, value: object) -> OnLost | None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be a callable or None, not {type(value).__name__}")
-    return value
