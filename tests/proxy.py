@@ -244,9 +244,14 @@ class Proxy:
                 pump.cancel()
 
     async def _shut_down(self) -> None:
+        """End every task on the loop, including a connection still being accepted,
+        whose pumps would otherwise outlive the loop."""
         self._server.close()
         self._flowing.set()
-        pumps = [pump for pair in self._pairs for pump in pair.pumps]
-        self._close_all()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        this = asyncio.current_task()
+        while tasks := [task for task in asyncio.all_tasks() if task is not this]:
+            self._close_all()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await self._server.wait_closed()

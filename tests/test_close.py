@@ -5,6 +5,7 @@ connection stays open."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -141,3 +142,31 @@ def test_a_try_under_way_at_close_does_not_become_a_hold(
     poller.join()
     assert isinstance(poller.error, tierlock.LockError), poller.error
     assert direct.info(key) is None
+
+
+def test_close_while_the_listener_starts_joins_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() racing the first doorbell found a listening thread created but not yet
+    started, and raised "cannot join thread before it is started"."""
+    from tierlock.backends.sql.notify import Listener
+
+    starting = threading.Event()
+    start = threading.Thread.start
+
+    def slow_start(thread: threading.Thread) -> None:
+        if thread.name == "tierlock-listener":
+            starting.set()
+            time.sleep(0.2)  # holds the window open; close() comes in during it
+        start(thread)
+
+    def unreachable() -> object:
+        raise OSError("no server in this test")
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    listener = Listener(unreachable, "tierlock_race")
+    ringer = threading.Thread(target=listener.doorbell, args=("k",))
+    ringer.start()
+    assert starting.wait(PROMPTLY)
+    listener.close()
+    ringer.join()
+    thread = listener._thread
+    assert thread is not None and not thread.is_alive()

@@ -56,9 +56,10 @@ class Listener:
         return _Bell(self, key, bell)
 
     def close(self) -> None:
-        self._stopped.set()
+        with self._mutex:  # a thread being started in doorbell() is started by now
+            self._stopped.set()
+            thread = self._thread
         self._ring_all()  # pollers try once more, and see that the manager is closed
-        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(2 * LISTEN_SLICE)
 
