@@ -71,7 +71,12 @@ class TierlockSubject(Subject):
 
 
 class TableOnlyContender(TierlockContender):
-    """A contender with a manager of its own."""
+    """A contender with a manager of its own, which asks the table at every try."""
+
+    def try_acquire(self, index: int) -> bool:
+        # Failing a try from memory of a key held elsewhere is tier 1's doing.
+        self.manager._tiers.cohorts.forget()
+        return super().try_acquire(index)
 
     def statements(self) -> int:
         stats = self.manager.stats()

@@ -14,8 +14,10 @@ def test_all_public_names_are_exported() -> None:
     modules = {
         "backends",
         "cli",
+        "cohorts",
         "demo",
         "errors",
+        "keeping",
         "keys",
         "leases",
         "local",

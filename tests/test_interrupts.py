@@ -20,7 +20,7 @@ from polling import wait_until
 from proxy import Proxy
 
 import tierlock
-from tierlock import tiers
+from tierlock import cohorts
 
 # Generous bounds for things that happen at once when the lock works; a ghost holder,
 # a stranded waiter or an orphan row would keep them waiting for a 30 s lease.
@@ -230,7 +230,7 @@ def test_interrupt_while_the_doorbell_rings_still_wakes_the_successor(
     """The main thread won the row through its doorbell, so its release rings
     (RELEASE_LOCK) after the DELETE; an interrupt in the ring must not strand the
     local thread chosen to go next."""
-    monkeypatch.setattr(tiers, "COHORT_LIMIT", 0)  # release, do not hand off
+    monkeypatch.setattr(cohorts, "COHORT_LIMIT", 0)  # release, do not hand off
     locks = proxied()
     other = Holder(direct, key)
     bells = locks._backend._wakeups._bells  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from proxy import Proxy
 from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
-from tierlock import tiers
+from tierlock import cohorts
 
 HEARTBEAT = "tierlock-heartbeat"  # the heartbeat thread's name
 
@@ -122,7 +122,7 @@ def test_local_hand_offs_send_no_statement(
     each holder's fencing token is one above its predecessor's."""
     waiters = 6
     # No cohort ends here for its length in time: the waiters' wake-ups may be slow.
-    monkeypatch.setattr(tiers, "COHORT_TIME", procs.WAIT_LIMIT)
+    monkeypatch.setattr(cohorts, "COHORT_TIME", procs.WAIT_LIMIT)
     manager = make_manager()
     lock = manager.lock(key)
     assert lock.acquire()

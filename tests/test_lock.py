@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 import tierlock
 from tierlock.backends.sql.table import MAX_ROW_HANDOFFS
-from tierlock.tiers import COHORT_LIMIT
+from tierlock.cohorts import COHORT_LIMIT
 
 MakeManager = Callable[..., tierlock.LockManager]
 

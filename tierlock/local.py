@@ -72,14 +72,20 @@ class Waiter(Generic[H, R]):
 
 
 class _Entry(Generic[H]):
-    """One claimed key: its reentrancy depth, backend hold and queue."""
+    """One claimed key: its reentrancy depth, backend hold and queue.
 
-    __slots__ = ("depth", "hold", "waiters")
+    A *kept* entry is claimed by no thread: its hold was released while threads of the
+    process wanted the key, and waits a moment for the next of them (see ``keep``).
+    """
+
+    __slots__ = ("depth", "hold", "kept", "turned_away", "waiters")
 
     def __init__(self) -> None:
         self.depth = 0  # 0 while the claimant is still acquiring from the backend
         self.hold: H | None = None
         self.waiters: collections.deque[Waiter[H, Any]] = collections.deque()
+        self.kept = False
+        self.turned_away = False  # a try without waiting found it busy
 
 
 class Registry(Generic[H, R]):
@@ -119,15 +125,29 @@ class Registry(Generic[H, R]):
         """Whether the calling thread has claimed ``key`` (held or being acquired)."""
         return key in self._thread().claimed
 
-    def busy(self, key: str) -> bool:
+    def turn_away(self, key: str) -> bool:
         """Whether some thread of this registry holds or asks for ``key``: a cheap check
-        before a non-blocking try, which could only fail."""
-        return key in self._entries
+        before a try without waiting, which could only fail. The entry remembers that
+        it turned a thread away."""
+        entry = self._entries.get(key)
+        if entry is None or entry.kept:
+            return False
+        entry.turned_away = True
+        return True
+
+    def turned_away(self, key: str) -> bool:
+        """Whether a try without waiting found the calling thread's claim of ``key`` busy."""
+        return self._thread().claimed[key].turned_away
 
     def is_held(self, key: str) -> bool:
         """Whether some thread of this registry holds ``key``."""
         entry = self._entries.get(key)
         return entry is not None and entry.depth > 0
+
+    def is_kept(self, key: str) -> bool:
+        """Whether ``key``'s hold is kept for the next thread that claims it."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.kept
 
     def reenter(self, key: str) -> bool:
         """Count one more acquisition if the calling thread already holds ``key``."""
@@ -159,6 +179,11 @@ class Registry(Generic[H, R]):
                 entry = self._entries.get(key)
                 if entry is None:
                     entry = self._entries[key] = _Entry()
+                    thread.claimed[key] = entry
+                    return True
+                if entry.kept:  # the claim arrives with the kept hold
+                    entry.kept = False
+                    entry.depth = 1
                     thread.claimed[key] = entry
                     return True
                 if timeout == 0:
@@ -205,6 +230,34 @@ class Registry(Generic[H, R]):
             raise NotHeldError(key)
         entry.depth -= 1
         return None if entry.depth else entry.hold
+
+    def drop_hold(self, key: str) -> None:
+        """The calling thread keeps its claim of ``key`` but not the hold it came with."""
+        entry = self._thread().claimed[key]
+        entry.hold = None
+        entry.depth = 0
+
+    def keep(self, key: str) -> bool:
+        """Give up the claim on ``key`` (released) but keep its hold in the entry for the
+        next thread of the process that claims it; ``False`` if a thread waits already,
+        which must get it from ``successor`` instead."""
+        thread = self._thread()
+        entry = thread.claimed[key]
+        with self._mutex:
+            if entry.waiters or self._closed:
+                return False
+            del thread.claimed[key]
+            entry.kept = True
+            return True
+
+    def drop_kept(self, key: str, hold: H) -> bool:
+        """Forget ``hold``, kept for ``key``, unless a thread has claimed it meanwhile."""
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None or not entry.kept or entry.hold is not hold:
+                return False
+            del self._entries[key]
+            return True
 
     def unclaim(self, key: str) -> None:
         """Give up the claim on ``key``: hand it to the next waiter, or drop the entry."""
@@ -256,16 +309,21 @@ class Registry(Generic[H, R]):
             waiter.wake()
             return True
 
-    def close(self) -> None:
+    def close(self) -> list[H]:
         """Refuse new claims and send every waiter away with ``LockError``; holders
-        keep their holds."""
+        keep their holds. Returns the kept holds, which are forgotten."""
+        kept: list[H] = []
         with self._mutex:
             self._closed = True
-            for entry in self._entries.values():
+            for key, entry in list(self._entries.items()):
+                if entry.kept and entry.hold is not None:
+                    kept.append(entry.hold)
+                    del self._entries[key]
                 while entry.waiters:
                     waiter = entry.waiters.popleft()
                     waiter.state = CLOSED
                     waiter.wake()
+        return kept
 
     def __len__(self) -> int:
         """How many keys are claimed now."""

@@ -164,7 +164,12 @@ class Lock:
         self._manager._tiers.extend(self._key, lease)
 
     def locked(self) -> bool:
-        """Whether anyone, in any thread, process or host, holds an unexpired lease."""
+        """Whether anyone, in any thread, process or host, holds an unexpired lease.
+
+        A row this process keeps for a moment after a release, for its own threads,
+        does not count: any of them may take it at once."""
+        if self._manager._tiers.registry.is_kept(self._key):
+            return False
         return self._manager._backend.is_locked(self._key)
 
     def owned(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends import LockBackend, open_backend
+from .cohorts import released
 from .keys import KeyLike, make_key
 from .lock import Lock, callback, flag, seconds
 from .reaper import Reaper
@@ -228,6 +229,7 @@ class LockManager:
         """
         key = make_key(key)
         removed = self._backend.force_release(key)
+        released(key)
         if removed:
             logger.warning("lock %r force-released", key)
         return removed

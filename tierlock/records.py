@@ -115,7 +115,8 @@ class Hold:
     renewed) to ``lease`` from a moment after the request was sent, and clocks may
     disagree on the time but not on how fast it passes. ``recorded`` is false while
     the row still names an earlier holder thread or hand-off count; the heartbeat
-    writes the change.
+    writes the change. A hold released while threads of the process want its key may be
+    *kept* for a moment (``keep_until``) for the next of them.
     """
 
     __slots__ = (
@@ -124,6 +125,7 @@ class Hold:
         "contended",
         "handoffs",
         "holder",
+        "keep_until",
         "key",
         "lease",
         "live_until",
@@ -164,6 +166,7 @@ class Hold:
         self.lost = False
         self.cohort = 0  # hand-offs in a row within this process (lock cohorting)
         self.cohort_began = 0.0
+        self.keep_until = 0.0  # released, kept for the process's threads until then
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,11 @@ at the head asks the backend (tier 2). A released hold goes to the next local wa
   which the heartbeat keeps alive, and the successor's fencing token is one higher, in
   memory (the heartbeat writes the new holder and count into the row);
 * with one UPDATE when either holds a fixed lease, which the database must set;
-* back to the database once a cohort of hand-offs in a row reaches ``COHORT_LIMIT`` or
-  ``COHORT_TIME`` while other processes may be waiting, so that they get their turn
-  (lock cohorting); when they surely are, the next local waiter lets them try first.
+* back to the database once a cohort of hand-offs in a row reaches its bound while
+  other processes may be waiting, so that they get their turn (see ``cohorts``).
+
+A hold released with no local waiter, while a try without waiting of the process was
+turned away from it, is kept for a moment for the next such try (see ``keeping``).
 
 Every exit is safe: an acquire cut short at any point (a timeout, an exception raised
 by a signal handler) passes on what it got, and waking a successor never depends on a
@@ -26,9 +28,11 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from .backends import Doorbell, LockBackend
+from .cohorts import COURTESY_PAUSE, Cohorts, released
 from .errors import LockError, LockLostError, NotHeldError
+from .keeping import Keeper
 from .leases import Heartbeat
-from .local import Registry
+from .local import Registry, Waiter
 from .records import Hold, Owner
 from .stats import Counters
 
@@ -43,25 +47,6 @@ OnLost = Callable[[str, int], None]
 # poller whose doorbell wakes it in turn pauses the poll interval after every try the
 # doorbell was armed for: its ring, not the clock, says when to try again.
 FIRST_POLL = 0.002
-# A cohort of hand-offs in a row within the process ends after this many, or this many
-# seconds, when other processes may be waiting for the key; then the key goes back to
-# the database. Chosen from the benchmark's hot-key runs: long enough that a hot key
-# costs a small fraction of a statement per critical section, short enough that the
-# other processes' threads are served about as often as this one's.
-COHORT_LIMIT = 64
-COHORT_TIME = 0.005
-# When a cohort ends because other processes wait, the next local waiter lets them try
-# first for this many seconds: long enough for a woken poller's insert to arrive on a
-# busy machine. (With 5 ms, in 4 x 4 threads on one key with both cores loaded, a
-# process often took the key back before the woken one had run: least/most served
-# thread 0.41-0.66; with 20 ms, 0.68-0.95.) It costs nothing while they are active:
-# the key is theirs meanwhile.
-COURTESY_PAUSE = 0.02
-# A key that a try of this process found held elsewhere counts as wanted elsewhere for
-# this long: a cohort that ends then lets the other processes try first even if its own
-# hold was won at the first try (which, on a loaded machine, the same process would
-# otherwise keep doing while the others' woken pollers wait to be scheduled).
-CONTENTION_MEMORY = 0.1
 
 
 class Request:
@@ -88,19 +73,19 @@ class Tiers:
         self.poll_interval = poll_interval
         self.registry: Registry[Hold, Request] = Registry(counters)
         self.heartbeat = Heartbeat(backend, counters, idle)
+        self.keeper = Keeper(self.registry, self.heartbeat, backend)
+        self.cohorts = Cohorts(backend)
         self.closed = False
-        # When a try last found each key held elsewhere; a key leaves once nobody in
-        # the process holds or wants it.
-        self.missed_at: dict[str, float] = {}
 
     def after_fork(self) -> None:
         self.registry.reset()
         self.heartbeat.forget()
-        self.missed_at = {}
+        self.keeper.forget()
+        self.cohorts.forget()
 
     def close(self) -> None:
         self.closed = True
-        self.registry.close()
+        self.keeper.close(self.registry.close())
         self.heartbeat.close()
 
     def check_open(self, key: str | None = None) -> None:
@@ -138,8 +123,11 @@ class Tiers:
             self.counters.add("reentrant_acquisitions")
             self.counters.add("acquisitions")
             return True
-        if wait == 0 and registry.busy(key):
-            return False  # another thread of this process holds or asks for it
+        if wait == 0 and (
+            registry.turn_away(key)  # another thread of this process holds or asks for it
+            or self.cohorts.hot(key)  # other processes fight over it
+        ):
+            return False
         deadline = None if wait is None else time.monotonic() + wait
         request = Request(Owner.current(), ttl, renew, on_lost)
         owner_id = request.owner.owner_id
@@ -147,14 +135,19 @@ class Tiers:
             if not registry.claim(key, wait, request):
                 return False
             self.check_open(key)
-            if registry.hold(key) is None:  # (else handed over by a local holder)
+            hold = registry.hold(key)
+            if hold is not None and hold.keep_until:
+                hold = self._take_kept(key, hold, request)
+            if hold is None:  # (else handed over by a local holder)
+                missed_before = self.cohorts.last_missed(key)
                 hold = self._acquire_remote(key, request, deadline)
                 if hold is None:
                     self.backend.discard(key, owner_id, certain=False)
                     registry.unclaim(key)
-                    if not registry.busy(key):
-                        self.missed_at.pop(key, None)
+                    if wait == 0:
+                        self.cohorts.missed_without_waiting(key, missed_before)
                     return False
+                self.cohorts.won(key)
                 registry.settle(key, hold)
                 if hold.lease is not None:
                     self.heartbeat.add(hold)
@@ -186,6 +179,24 @@ class Tiers:
             self._let_go(key, hold)
         except LockError as exc:
             logger.warning("passing on %r after an interrupted acquire failed: %s", key, exc)
+
+    def _take_kept(self, key: str, hold: Hold, request: Request) -> Hold | None:
+        """Make ``hold``, kept by the process and claimed by the calling thread, its own:
+        with no statement when it can, or with the UPDATE of a hand-off; ``None`` when
+        the row is gone, and the thread must ask the database."""
+        hold.keep_until = 0.0
+        if not hold.lost:
+            if self._passes_locally(hold, request):
+                self._pass(hold, request)
+                self.counters.add("local_handoffs")
+                return hold
+            if self._hand_off(key, hold, request) is not None:
+                return hold
+        self.heartbeat.remove(hold)
+        self.registry.drop_hold(key)
+        if hold.ring is not None:
+            hold.ring()
+        return None
 
     def _let_others_first(self, key: str, doorbell: Doorbell, deadline: float | None) -> None:
         """Pause before a courteous waiter's first try, so that other processes that
@@ -240,7 +251,7 @@ class Tiers:
                         ring=ring,
                     )
                 missed = True
-                self.missed_at[key] = time.monotonic()
+                self.cohorts.missed(key)
                 self.check_open(key)
                 if doorbell is None:
                     doorbell = backend.doorbell(key)
@@ -273,9 +284,11 @@ class Tiers:
         """Pass the calling thread's last hold of ``key`` to the next local waiter, or
         release it in the database. The waiter is woken whatever happens here."""
         registry = self.registry
+        if registry.turned_away(key) and self.cohorts.may_keep(hold) and self.keeper.keep(hold):
+            return
         while True:
             successor = registry.successor(key)
-            cohort = successor is not None and not hold.lost and self._cohort_goes_on(hold)
+            cohort = successor is not None and not hold.lost and self.cohorts.goes_on(hold)
             if cohort and successor is not None and self._passes_locally(hold, successor.request):
                 self._pass(hold, successor.request)
                 self.counters.add("local_handoffs")
@@ -290,9 +303,7 @@ class Tiers:
                     handed = self._hand_off(key, hold, successor.request)
                     released = handed is not None
                 else:
-                    self._step_aside(hold, None if successor is None else successor.request)
-                    self.heartbeat.remove(hold)
-                    released = self.backend.release(key, hold.owner_id, hold.live_until)
+                    released = self._give_back(hold, successor)
             except LockError:
                 # Whether the row is still ours is unknown: make sure it goes.
                 self.heartbeat.remove(hold)
@@ -311,43 +322,22 @@ class Tiers:
         if not released:
             self._lost(hold, "its release")
 
-    def _step_aside(self, hold: Hold, request: Request | None) -> None:
-        """Before ``hold`` goes back to the database: the next local waiter, asking for
-        ``request``, lets other processes try first if they may want the key."""
-        key = hold.key
-        if request is None:
-            self.missed_at.pop(key, None)  # nobody here wants it any more
-            return
-        missed_lately = (
-            time.monotonic() - self.missed_at.get(key, -CONTENTION_MEMORY) < CONTENTION_MEMORY
-        )
-        if (
-            hold.contended
-            or missed_lately
-            or self.backend.others_waiting(key, hold.ring is not None)
-        ):
-            request.courteous = True
+    def _give_back(self, hold: Hold, successor: Waiter[Hold, Request] | None) -> bool:
+        """Release ``hold`` in the database; ``False`` if its row was gone. The next
+        local waiter, if any, lets other processes try first if they may want the key."""
+        if self.cohorts.courteous(hold, successor is not None):
+            assert successor is not None
+            successor.request.courteous = True
+        self.heartbeat.remove(hold)
+        given_back = self.backend.release(hold.key, hold.owner_id, hold.live_until)
+        released(hold.key)
+        return given_back
 
     @staticmethod
     def _passes_locally(hold: Hold, request: Request) -> bool:
         """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
         both renew their leases, and the lease surely runs."""
         return hold.lease is not None and request.renew and time.monotonic() < hold.live_until
-
-    def _cohort_goes_on(self, hold: Hold) -> bool:
-        """Whether one more hand-off in a row keeps within the cohort's bound, or other
-        processes surely do not wait (then a new cohort begins)."""
-        if hold.handoffs >= self.backend.MAX_HANDOFFS:
-            return False
-        now = time.monotonic()
-        if not hold.cohort:
-            hold.cohort_began = now
-        if hold.cohort < COHORT_LIMIT and now - hold.cohort_began < COHORT_TIME:
-            return True
-        if self.backend.others_waiting(hold.key, hold.ring is not None) is False:
-            hold.cohort, hold.cohort_began = 0, now
-            return True
-        return False
 
     def _pass(self, hold: Hold, request: Request) -> None:
         """Make ``hold`` the successor's: one more hand-off, in memory."""

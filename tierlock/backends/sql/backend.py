@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
-from ... import process
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
@@ -39,6 +38,7 @@ from .table import (
     fencing_token,
     lock_table,
 )
+from .takeover import Takeover
 from .wakeups import WakeUps
 from .watchdog import Watchdog
 
@@ -102,6 +102,7 @@ class SQLBackend(LockBackend):
         self._sweeper = Sweeper(self._sweep)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._engine.dialect)
+        self._takeover = Takeover(self.queries, counters)
         if self.dialect_name == "sqlite":
             pause_forks_for(self._runner.gate)
         gate = self._runner.gate
@@ -166,7 +167,7 @@ class SQLBackend(LockBackend):
             if busy_wait is not None:
                 link.limit_busy_wait(busy_wait)
             token = self._insert(link, params)
-            if token is None and self._free_held_row(link, key):
+            if token is None and self._takeover.free_held_row(link, key):
                 token = self._insert(link, params)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
@@ -175,33 +176,11 @@ class SQLBackend(LockBackend):
             return token
 
         token = self._run("acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id)
-        if token is not None and self._runner.doubts:
-            self._runner.doubts.pop(owner.owner_id, None)
+        if token is not None:
+            self._takeover.forget(key)
+            if self._runner.doubts:
+                self._runner.doubts.pop(owner.owner_id, None)
         return token
-
-    def _free_held_row(self, link: Link, key: str) -> bool:
-        """Delete the row holding ``key`` if its lease has ended or its holder process
-        is proven gone; ``True`` if it did, so the caller inserts again."""
-        rows = link.execute(self.queries.select_holder, {"key": key}).records()
-        if not rows:
-            return True  # released since the insert: try again at once
-        row = rows[0]
-        params = {"key": key, "row": row["token"]}
-        if row["expired"]:
-            if not link.execute(self.queries.delete_expired_row, params).rowcount:
-                return False  # renewed or taken meanwhile
-            logger.warning("lock %r: took over a hold whose lease had ended", key)
-            self.counters.add("takeovers")
-            return True
-        if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
-            return False
-        if not link.execute(self.queries.delete_row, params).rowcount:
-            return False
-        logger.warning(
-            "lock %r: took over the row of process %d, which has exited", key, row["pid"]
-        )
-        self.counters.add("reclaims")
-        return True
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}

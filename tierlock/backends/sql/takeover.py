@@ -1,0 +1,77 @@
+"""Taking over a row whose holder is gone: its lease ended, or its process exited.
+
+An insert that finds the key held reads the holder's row, to take it over if its lease
+has ended or its holder process is proven gone (on this host). A key that one of the
+process's tries found held by a live holder is not read again for ``HOLDER_MEMORY``
+seconds: a hot key held elsewhere then costs one statement per try (the insert) instead
+of two, and a takeover comes at most that much later. The memory only ever spares a
+read; whether the key is free is always the insert's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ... import process
+from ...stats import Counters
+from .running import Link, Queries
+
+__all__ = ["Takeover"]
+
+logger = logging.getLogger(__name__)
+
+# How long a holder found alive is not read again: short next to any lease, and well
+# under the second within which a dead holder on this host must be reclaimed.
+HOLDER_MEMORY = 0.05
+# Keys remembered at most; past this, the memory starts afresh.
+REMEMBERED_KEYS = 4096
+
+
+class Takeover:
+    """Frees held rows whose holders are gone; see the module docstring."""
+
+    def __init__(self, queries: Queries, counters: Counters) -> None:
+        self._queries = queries
+        self._counters = counters
+        # Until when each key's holder counts as alive (time.monotonic()).
+        self._alive_until: dict[str, float] = {}
+
+    def forget(self, key: str) -> None:
+        """``key`` was won by this process: its last holder is no longer news."""
+        self._alive_until.pop(key, None)
+
+    def free_held_row(self, link: Link, key: str) -> bool:
+        """Delete the row holding ``key`` if its lease has ended or its holder process
+        is proven gone; ``True`` if it did (or the row is gone), so the caller inserts
+        again."""
+        now = time.monotonic()
+        if now < self._alive_until.get(key, now):
+            return False
+        rows = link.execute(self._queries.select_holder, {"key": key}).records()
+        if not rows:
+            return True  # released since the insert: try again at once
+        row = rows[0]
+        params = {"key": key, "row": row["token"]}
+        if row["expired"]:
+            if not link.execute(self._queries.delete_expired_row, params).rowcount:
+                return False  # renewed or taken meanwhile
+            logger.warning("lock %r: took over a hold whose lease had ended", key)
+            self._counters.add("takeovers")
+            return True
+        if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
+            self._remember(key, now)
+            return False
+        if not link.execute(self._queries.delete_row, params).rowcount:
+            return False
+        logger.warning(
+            "lock %r: took over the row of process %d, which has exited", key, row["pid"]
+        )
+        self._counters.add("reclaims")
+        return True
+
+    def _remember(self, key: str, now: float) -> None:
+        alive_until = self._alive_until
+        if len(alive_until) >= REMEMBERED_KEYS:
+            alive_until.clear()
+        alive_until[key] = now + HOLDER_MEMORY

@@ -1,0 +1,115 @@
+"""Released holds that a process keeps for a moment, for its own threads.
+
+A try without waiting that finds its key held or asked for by another thread of the
+process is turned away at once, in tier 1. When that hold is released with no thread
+waiting, the next such try is likely a moment away: the process keeps the row, still
+renewed but held by no thread, for ``cohorts.KEEP_TIME``, and a thread of the process
+that asks for the key meanwhile gets it with no statement, a local hand-off. Keeping
+counts against the cohort's bound (``cohorts.COHORT_LIMIT`` / ``KEPT_COHORT_TIME``) whether
+other processes wait or not, since their tries without waiting leave no trace: once it
+is reached, the row goes back to the database, for them to win.
+
+This module's thread releases each kept row in the database once its time is up,
+unless a thread took it meanwhile (``tiers.Tiers`` hands a kept hold to a thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+from .backends import LockBackend
+from . import cohorts
+from .errors import LockError
+from .leases import Heartbeat
+from .local import Registry
+from .records import Hold
+
+__all__ = ["Keeper"]
+
+logger = logging.getLogger(__name__)
+
+
+class Keeper:
+    """Keeps released holds of one manager, and releases them when their time is up."""
+
+    def __init__(
+        self, registry: Registry[Hold, Any], heartbeat: Heartbeat, backend: LockBackend
+    ) -> None:
+        self._registry = registry
+        self._heartbeat = heartbeat
+        self._backend = backend
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh: a forked child keeps nothing, and the parent's thread is gone."""
+        self._changed = threading.Condition(threading.Lock())
+        # In the order they end: every hold is kept for the same time.
+        self._kept: collections.deque[tuple[float, Hold]] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def keep(self, hold: Hold) -> bool:
+        """Keep the calling thread's released ``hold`` for the next thread of the process
+        that claims its key, for ``cohorts.KEEP_TIME``; ``False`` if a thread waits already."""
+        on_lost, hold.on_lost = hold.on_lost, None  # (released: nobody to tell)
+        until = hold.keep_until = time.monotonic() + cohorts.KEEP_TIME
+        if not self._registry.keep(hold.key):
+            hold.on_lost, hold.keep_until = on_lost, 0.0
+            return False
+        with self._changed:
+            if not self._stopped:  # (else the registry's close gave it to close())
+                self._kept.append((until, hold))
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="tierlock-keeper", daemon=True
+                    )
+                    self._thread.start()
+                elif len(self._kept) == 1:
+                    self._changed.notify()
+        return True
+
+    def close(self, kept: list[Hold]) -> None:
+        """Stop, and release ``kept``: the holds still kept, which the registry gave up."""
+        with self._changed:
+            self._stopped = True
+            self._kept.clear()
+            thread = self._thread
+            self._changed.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+        for hold in kept:
+            self._release_row(hold)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._stopped:
+                    now = time.monotonic()
+                    if self._kept and self._kept[0][0] <= now:
+                        break
+                    self._changed.wait(self._kept[0][0] - now if self._kept else None)
+                if self._stopped:
+                    return
+                _, hold = self._kept.popleft()
+            try:
+                if self._registry.drop_kept(hold.key, hold):  # (else a thread took it)
+                    self._release_row(hold)
+            except Exception:
+                logger.exception("releasing the kept lock %r failed", hold.key)
+
+    def _release_row(self, hold: Hold) -> None:
+        """Release ``hold``'s row, which no thread holds, in the database."""
+        self._heartbeat.remove(hold)
+        try:
+            self._backend.release(hold.key, hold.owner_id, hold.live_until)
+            cohorts.released(hold.key)
+        except LockError as exc:
+            logger.debug("releasing the kept lock %r failed: %s", hold.key, exc)
+            self._backend.discard(hold.key, hold.owner_id, certain=True)
+        finally:
+            if hold.ring is not None:
+                hold.ring()
