@@ -572,6 +572,16 @@ class _StopGate:
                 self._changed.notify_all()
 
 
+def _take(lock: tierlock.Lock, *, trying: bool) -> bool:
+    """Acquire ``lock``: with one try without waiting if ``trying`` (``False``: it
+    failed), else waiting for it."""
+    if trying:
+        return lock.acquire(blocking=False)
+    if not lock.acquire(timeout=WAIT_LIMIT):
+        raise AssertionError(f"{lock.key!r} not acquired in {WAIT_LIMIT:g} s")
+    return True
+
+
 def churn(
     *,
     url: str,
@@ -586,6 +596,8 @@ def churn(
     """``ledger.threads`` threads that take random keys and do sections until
     ``ledger.stopping``.
 
+    Half the holds not doomed begin with a try without waiting, and are skipped if it
+    fails (tier 1's refusals, kept holds and the memory of keys held elsewhere at work).
     With ``doom``, the first thread kills this process at that point of a hold after a
     few sections. A hold lost to an expired lease counts in ``ledger.lost``; a
     ``BackendError`` counts in ``ledger.errors``, with the longest a call took to raise
@@ -602,13 +614,13 @@ def churn(
     )
     failures: list[str] = []
 
-    def hold_once(slot: int, key: int, dies: bool) -> None:
+    def hold_once(slot: int, key: int, dies: bool, trying: bool) -> None:
         ledger.working_on[slot] = key
         lock = manager.lock(keys[key], ttl=ttl)
         _plan.key, _plan.slot, _plan.ledger = keys[key], slot, ledger
         _plan.doom = doom if dies and doom == "after insert" else None
-        if not lock.acquire(timeout=WAIT_LIMIT):
-            raise AssertionError(f"{keys[key]!r} not acquired in {WAIT_LIMIT:g} s")
+        if not _take(lock, trying=trying and not dies):
+            return
         ledger.acquired(slot, key)
         gate.stop_if_asked()
         with gate.section():
@@ -636,6 +648,7 @@ def churn(
                         slot,
                         choose.randrange(len(keys)),
                         doomed_after >= 0 and ledger.sections[slot] >= doomed_after,
+                        choose.random() < 0.5,
                     )
                 except tierlock.BackendError:
                     ledger.errors[slot] += 1

@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Any
 
-from .backends import LockBackend
 from . import cohorts
+from .backends import LockBackend
 from .errors import LockError
 from .leases import Heartbeat
 from .local import Registry

@@ -26,8 +26,9 @@ from .engine import (
     usable_engine,
 )
 from .notify import channel_name
+from .queries import Queries
 from .rows import listed_params, row_info
-from .running import Link, Queries, Runner
+from .running import SPARE_CONNECTIONS, Link, Runner
 from .schema import prepare_table
 from .sweeper import Sweep, Sweeper
 from .table import (
@@ -97,6 +98,7 @@ class SQLBackend(LockBackend):
             timeout=timeout,
             commit=not self._owns_engine,
             watchdog=self._watchdog,
+            spares=SPARE_CONNECTIONS if self._owns_engine else 0,
         )
         self._run = self._runner.run
         self._sweeper = Sweeper(self._sweep)
@@ -381,6 +383,7 @@ class SQLBackend(LockBackend):
         gate.close(self.timeout * 1.5)
         self._sweeper.finish(self.timeout)
         gate.seal()
+        self._runner.close()
         self._wakeups.close()
         if self._watchdog is not None:
             self._watchdog.close()

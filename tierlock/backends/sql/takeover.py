@@ -15,7 +15,8 @@ import time
 
 from ... import process
 from ...stats import Counters
-from .running import Link, Queries
+from .queries import Queries
+from .running import Link
 
 __all__ = ["Takeover"]
 
