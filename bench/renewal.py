@@ -10,6 +10,8 @@ driver (each ``execute`` on a DBAPI cursor of the process, see
 
 With renewal, the window is whole beats: it opens as one heartbeat ends and closes as
 the first one to end at least the cell's seconds later does, so no beat is cut in two.
+Both ends are read in the heartbeat's own thread as its beat returns: read from another
+thread, a slow beat on a loaded machine could let the next one begin first.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import queue
 import statistics
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from typing import Any
@@ -66,14 +68,31 @@ class RenewalRow:
         return "tierlock, renew=True" if self.renew else "tierlock, renew=False"
 
 
-def _beat_ended(manager: tierlock.LockManager, since: int, limit: float) -> int:
-    """Wait until the heartbeat has renewed holds since the count ``since``; the count."""
+Snapshot = tuple[int, tierlock.LockStats, float]  # statements at the driver, stats, clock
+
+
+def _note_beat_ends(manager: tierlock.LockManager, executed: Callable[[], int]) -> list[Snapshot]:
+    """What was sent by the end of each heartbeat from now on, noted in its thread."""
+    ends: list[Snapshot] = []
+    heartbeat = manager._tiers.heartbeat
+    beat = heartbeat._beat
+
+    def beat_and_note(holds: list[Any]) -> None:
+        beat(holds)
+        ends.append((executed(), manager.stats(), time.perf_counter()))
+
+    heartbeat._beat = beat_and_note  # type: ignore[method-assign]
+    return ends
+
+
+def _beat_ended(ends: list[Snapshot], since: int, limit: float) -> Snapshot:
+    """Wait until a beat ends after the first ``since``; what was sent by then."""
     deadline = time.monotonic() + limit
-    while (renewals := manager.stats().renewals) == since:
+    while len(ends) <= since:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no heartbeat ended within {limit} s")
         time.sleep(GLANCE)
-    return renewals
+    return ends[since]
 
 
 def hold(
@@ -93,12 +112,15 @@ def hold(
                 raise TimeoutError(f"{lock.key!r} not acquired within {WAIT_LIMIT} s")
         beat = 2 * ttl  # far longer than a beat's period, ttl / 3, can take
         if renew:
-            _beat_ended(manager, manager.stats().renewals, beat)
-        before, stats_before, began = executed(), manager.stats(), time.perf_counter()
-        time.sleep(seconds)
-        if renew:
-            _beat_ended(manager, manager.stats().renewals, beat)
-        after, stats_after, elapsed = executed(), manager.stats(), time.perf_counter() - began
+            ends = _note_beat_ends(manager, executed)
+            before, stats_before, began = _beat_ended(ends, 0, beat)
+            time.sleep(seconds)
+            after, stats_after, ended = _beat_ended(ends, len(ends), beat)
+        else:
+            before, stats_before, began = executed(), manager.stats(), time.perf_counter()
+            time.sleep(seconds)
+            after, stats_after, ended = executed(), manager.stats(), time.perf_counter()
+        elapsed = ended - began
         for lock in locks:
             lock.release()
     finally:
