@@ -9,7 +9,7 @@ would keep the key for as long as its threads want it. These rules bound that:
   waiter then lets them try first (``COURTESY_PAUSE``);
 * a hold released while a try without waiting of the process was turned away from it
   is kept for ``KEEP_TIME`` for the next such try (see ``keeping``), within a cohort of
-  ``KEPT_COHORT_TIME``; then the process's own tries step aside for ``HOT_MEMORY``;
+  ``KEPT_COHORT_TIME``; then the row goes back to the database;
 * a try without waiting at a key that the process found held elsewhere twice lately
   fails at once, with no statement, for ``HOT_MEMORY``, unless a manager of this
   process released the key since: a release elsewhere may go unseen for that long, one
@@ -45,12 +45,11 @@ COURTESY_PAUSE = 0.02
 # otherwise keep doing while the others' woken pollers wait to be scheduled).
 CONTENTION_MEMORY = 0.1
 # A try without waiting fails at once, with no statement, for this long after one that
-# found its key held elsewhere for the second time within CONTENTION_MEMORY, and after
-# the process released a key its own threads were turned away from: a key that several
-# processes fight over is not asked for again and again in vain, and each process lets
-# the others try first in turn. Chosen with KEPT_COHORT_TIME from the flash-sale runs
-# (4 x 8 threads trying one key): with 5 ms, 0.05-0.08 statements per try; with 10 ms,
-# 0.03-0.05 and as many sales; with 20 ms, no fewer statements.
+# found its key held elsewhere for the second time within CONTENTION_MEMORY: a key that
+# other processes fight over is not asked for again and again in vain (a release in
+# this process ends the memory at once; see ``released``). Chosen with KEPT_COHORT_TIME
+# from the flash-sale runs (4 x 8 threads trying one key): with 5 ms, 0.05-0.08
+# statements per try; with 10 ms, 0.03-0.05 and as many sales; with 20 ms, no fewer.
 HOT_MEMORY = 0.01
 # A hold released while a try without waiting of this process was turned away from it
 # stays with the process this long, for the next such try, within a cohort of at most
