@@ -31,6 +31,7 @@ from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
 
+from polling import wait_until
 from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
@@ -50,6 +51,33 @@ HOLD_LIMIT = 60.0
 PAUSE = 0.001
 # A critical section of take_turns, busy (it holds the interpreter, as real work does).
 SECTION = 100e-6
+
+
+def _unknown_threads() -> set[int]:
+    """The threads of this process (by native id) that Python has not alive."""
+    alive = {thread.native_id for thread in threading.enumerate()}
+    return {int(task) for task in os.listdir("/proc/self/task")} - alive
+
+
+# Threads that this process had before any test ran and that Python does not know,
+# such as pytest-xdist's own: a fork need not wait for them.
+_THREADS_OF_THE_RUNNER = _unknown_threads()
+
+
+def wait_for_ended_threads() -> None:
+    """Before a fork: wait until every thread of this process that Python started and
+    joined is gone.
+
+    A thread that ``join()`` already returned from still runs its exit handlers for a
+    moment, OpenSSL's among them (pymysql makes an SSL context for each connection),
+    which hold OpenSSL's global lock: a child forked then inherits the lock held, and
+    hangs at its first connect.
+    """
+    wait_until(
+        lambda: _unknown_threads() <= _THREADS_OF_THE_RUNNER,
+        "ended threads to exit",
+        limit=WAIT_LIMIT,
+    )
 
 
 def open_manager(url: str, table: str) -> tierlock.LockManager:
@@ -294,6 +322,7 @@ class Children:
     def start(self, target: Callable[..., object], /, **arguments: Any) -> ForkProcess:
         """Fork a child that runs ``target(**arguments)``; an exception fails :meth:`join`."""
         process = CTX.Process(target=_run, args=(self._failures, target, arguments), daemon=True)
+        wait_for_ended_threads()
         process.start()
         self.processes.append(process)
         return process

@@ -171,6 +171,7 @@ def test_close_removes_own_fifos_and_wakes_their_pollers(database: str) -> None:
 
 def _fork_and_close(bells: FifoBells, bell: Any) -> int:
     """Fork a child that forgets, closes and exits as a manager's fork hook would."""
+    procs.wait_for_ended_threads()
     pid = os.fork()
     if pid == 0:
         try:

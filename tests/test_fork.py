@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import procs
 import pytest
 from conftest import MakeManager
 from polling import wait_until
@@ -20,6 +21,7 @@ from polling import wait_until
 import tierlock
 from tierlock import process, records
 from tierlock.backends.gate import Gate
+from tierlock.backends.sql.engine import PAUSED_FOR_FORKS
 
 SQLITE = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 
@@ -61,6 +63,7 @@ def test_children_forked_while_threads_use_sqlite_do_not_hang(db_url: str, table
     hung, failed = 0, 0
     try:
         for number in range(CHILDREN):
+            procs.wait_for_ended_threads()
             pid = os.fork()
             if pid == 0:
                 os._exit(_child(db_url, table, number))
@@ -80,6 +83,19 @@ def test_children_forked_while_threads_use_sqlite_do_not_hang(db_url: str, table
             thread.join(CHILD_LIMIT)
         locks.close()
     assert (hung, failed) == (0, 0), f"{hung} children hung and {failed} failed of {CHILDREN}"
+
+
+@SQLITE
+def test_a_forked_child_s_own_forks_wait_for_its_statements(make_manager: MakeManager) -> None:
+    """The child's manager starts with a new gate, and its own children's forks must
+    pause that one (the parent's gate, paused for the fork, is gone with the fork)."""
+    locks = make_manager()
+    assert locks.info("anything") is None
+    procs.wait_for_ended_threads()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if locks._backend._runner.gate in PAUSED_FOR_FORKS else 1)  # type: ignore[attr-defined]
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 def test_fork_waits_for_statements_under_way() -> None:

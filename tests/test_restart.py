@@ -131,6 +131,7 @@ def _holds_in_child(
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(url, table, keys, rounds, stale, sender))
+    procs.wait_for_ended_threads()
     child.start()
     try:
         assert receiver.poll(WAIT), "the child process sent nothing"

@@ -370,6 +370,8 @@ class SQLBackend(LockBackend):
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
         self._base_engine.dispose(close=False)
         self._runner.after_fork()
+        if self.dialect_name == "sqlite":  # (the child's own forks wait for its gate)
+            pause_forks_for(self._runner.gate)
         self._sweeper.forget()  # the parent sweeps its own rows
         self._wakeups.after_fork()
         if self._watchdog is not None:
