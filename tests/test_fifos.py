@@ -252,3 +252,28 @@ def test_a_release_wakes_a_waiter_of_another_process_at_once(
     assert receiver.recv() - released < 2.0  # against a poll interval of LONG_PAUSE
     children.join()
     assert manager.stats().wakeups == 1
+
+
+def test_a_fifo_made_after_a_kept_listing_is_found(database: str) -> None:
+    """A releasing process keeps its listing of the directory while the directory's
+    mtime stays put; a poller that comes later changes the mtime, and is found."""
+    releasing, polling = _bells(database), _bells(database)
+    key, other = "k", "other"
+    first = polling.doorbell(other)  # makes the directory
+    assert first is not None
+    directory = database + ".tierlock"
+    long_ago = time.time_ns() - 10**9
+    os.utime(directory, ns=(long_ago, long_ago))  # settled: the listing is kept
+    for _ in range(2):
+        assert releasing.waiting(other)
+        assert not releasing.waiting(key)
+    bell = polling.doorbell(key)
+    assert bell is not None
+    assert releasing.waiting(key)
+    assert releasing.notify(key)
+    assert bell.wait(0)
+    for each in (bell, first):
+        each.close()
+    assert not releasing.waiting(key)
+    for bells in (releasing, polling):
+        bells.close()

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 DIRECTORY_MODE = 0o700
 FIFO_MODE = 0o600
+# How old, in nanoseconds, a directory's mtime must be for a listing of it to be kept:
+# well past the kernel's clock tick (1-10 ms), so that any later change moves the mtime.
+SETTLED = 50_000_000
 # Keeps the FIFOs of two managers of one process apart: each is another process to
 # the other, as tier 1 belongs to one manager.
 _serials = itertools.count()
@@ -100,6 +103,7 @@ class FifoBells:
         self._names: set[str] = set()  # of this object's FIFOs, which it never rings
         self._serial = next(_serials)
         self._closed = False
+        self._listed: tuple[int, list[str]] | None = None  # (mtime, names) of the directory
 
     def doorbell(self, key: str) -> Doorbell | None:
         """A doorbell for a poller of ``key``; ``None`` if no FIFO could be made (the
@@ -149,8 +153,8 @@ class FifoBells:
         """Find the oldest FIFO of ``key`` with a reader, removing those of dead
         processes on the way, and write a byte into it if ``ring``."""
         prefix = _digest(self._table, key) + "."
-        try:  # one listing: microseconds, or one failed open while nobody ever polled
-            names = sorted(n for n in os.listdir(self._directory) if n.startswith(prefix))
+        try:  # microseconds, or one failed stat while nobody ever polled
+            names = sorted(n for n in self._listing() if n.startswith(prefix))
         except OSError:
             return False
         for name in names:  # oldest first: the names begin with their creation time
@@ -173,6 +177,20 @@ class FifoBells:
                 os.close(fd)
             return True
         return False
+
+    def _listing(self) -> list[str]:
+        """The directory's names, listed again only if it may have changed since: its
+        mtime moved, or it was so recent when listed that a later change could bear
+        the same one (the kernel stamps times at a clock tick). A release with nobody
+        polling thus costs one stat, not a listing."""
+        mtime = os.stat(self._directory).st_mtime_ns
+        listed = self._listed
+        if listed is not None and listed[0] == mtime:
+            return listed[1]
+        names = os.listdir(self._directory)
+        settled = time.time_ns() - mtime > SETTLED
+        self._listed = (mtime, names) if settled else None
+        return names
 
     def _make(self, digest: str) -> _Fifo:
         name = f"{digest}.{time.monotonic_ns():016x}.{os.getpid()}.{self._serial}"
