@@ -502,3 +502,22 @@ def _database_now(engine: Engine) -> datetime:
 def _expired_info(manager: tierlock.LockManager, key: str) -> tierlock.LockInfo | None:
     info = manager.info(key)
     return info if info is not None and info.expired else None
+
+
+def test_manager_names_its_database_and_table(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str
+) -> None:
+    """``url`` and ``table`` for scripts and logs."""
+    manager = make_manager()
+    assert (manager.table, manager.url) == (table, db_url)
+    assert repr(manager) == f"<tierlock.LockManager url={db_url!r} table={table!r}>"
+
+
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)  # (it lets any password in)
+def test_manager_url_hides_the_password(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str
+) -> None:
+    secret = "s3cret-pw"
+    manager = make_manager(url=db_url.replace("//root@", f"//root:{secret}@"))
+    assert manager.url == db_url.replace("//root@", "//root:***@")
+    assert secret not in repr(manager)

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.table import Table
 from sqlalchemy import Table as SQLTable
 from sqlalchemy import create_engine
 from sqlalchemy.dialects import mysql
@@ -30,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
-from . import __version__
+from . import __version__, admin
 from .backends.sql.table import MYSQL_FAMILY, check_table_name, lock_table
 from .demo import (
     DEFAULT_ACCOUNTS,
@@ -43,7 +42,6 @@ from .demo import (
 )
 from .errors import BackendError, LockError
 from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
-from .records import LockInfo
 
 __all__ = ["main"]
 
@@ -352,53 +350,10 @@ def list_holders(target: Target) -> None:
         holders = locks.holders()
     console = _console()
     if not holders:
-        console.print(f"no locks in table {target.table} at {target.shown}")
+        console.print(admin.nothing_held(target.table, target.shown))
         return
-    console.print(_holders_table(target, holders, datetime.now(timezone.utc)))
-
-
-def _holders_table(target: Target, holders: list[LockInfo], now: datetime) -> Table:
-    expired = sum(info.expired for info in holders)
-    table = Table(
-        title=f"{len(holders)} lock(s) in {target.table} at {target.shown}",
-        caption=(
-            f"{expired} expired: free to take; `tierlock reap` deletes them" if expired else None
-        ),
-    )
-    table.add_column("key", overflow="fold")
-    table.add_column("token", justify="right")
-    table.add_column("host")
-    table.add_column("pid", justify="right")
-    table.add_column("thread")
-    table.add_column("age", justify="right")
-    table.add_column("lease left", justify="right")
-    table.add_column("renewed by", justify="right")
-    for info in holders:
-        age = _duration((now - info.acquired_at).total_seconds())
-        left = "expired" if info.expired else _duration((info.expires_at - now).total_seconds())
-        table.add_row(
-            info.key,
-            str(info.token),
-            info.host,
-            str(info.pid),
-            info.thread_name,
-            age,
-            left,
-            "fixed" if info.lease is None else _duration(info.lease),
-            style="red" if info.expired else None,
-        )
-    return table
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
+    now = datetime.now(timezone.utc)
+    console.print(admin.holders_table(holders, table=target.table, where=target.shown, now=now))
 
 
 @main.command()
@@ -409,15 +364,10 @@ def _duration(seconds: float) -> str:
 def release(target: Target, key: str, force: bool) -> None:
     """Delete KEY's lock row, whoever holds it."""
     if not force:
-        raise click.UsageError(
-            f"not releasing {key!r} without --force: this deletes the row whoever holds it, "
-            "and a holder still at work would not know until its own release or extend "
-            "raises LockLostError; a dead holder's lock frees itself when its lease ends"
-        )
+        raise click.UsageError(admin.FORCE_NEEDED.format(key=key))
     with target.manager() as locks:
         released = locks.force_release(key)
-    message = f"released {key!r}" if released else f"{key!r} was not held; nothing to release"
-    _console().print(message)
+    _console().print(admin.released(key, released))
 
 
 @main.command()
@@ -434,7 +384,7 @@ def reap(target: Target, every: float | None) -> None:
     console = _console()
     with target.manager() as locks:
         count = locks.reap()
-        console.print(f"reaped {count} expired lock(s) from {target.table}")
+        console.print(admin.reaped(count, target.table))
         if every is None:
             return
         with _stop_on_signals() as stop:

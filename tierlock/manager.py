@@ -92,6 +92,8 @@ class LockManager:
         ``BackendError``; it also sets the driver's connect and read timeouts on
         engines made from a URL. A try already under way when it runs out may take
         up to half as long again.
+    Its ``url`` (any password hidden) and ``table`` say where its locks live.
+
     :raises ValueError, TypeError: a bad option; the message names it.
     :raises BackendError: the table could not be created.
     """
@@ -118,6 +120,7 @@ class LockManager:
         if url is None and engine is None:
             url = DEFAULT_URL
         self._counters = Counters()
+        self.table: str = table
         self._backend: LockBackend = open_backend(
             url,
             engine,
@@ -126,6 +129,8 @@ class LockManager:
             counters=self._counters,
             timeout=seconds("database_timeout", database_timeout),
         )
+        #: The database's URL, with any password hidden.
+        self.url: str = self._backend.location
         self._tiers = Tiers(
             self._backend, self._counters, poll_interval=self.poll_interval, idle=self.ttl / 3
         )
@@ -133,6 +138,9 @@ class LockManager:
         _managers.add(self)
         if reaper_interval is not None:
             self._reaper.start(reaper_interval)
+
+    def __repr__(self) -> str:
+        return f"<tierlock.LockManager url={self.url!r} table={self.table!r}>"
 
     # -- handles ---------------------------------------------------------------
 

@@ -29,6 +29,9 @@ class LockBackend(abc.ABC):
     #: to its fencing token, which must stay below the token of any later hold.
     MAX_HANDOFFS = 0
 
+    #: Where the locks live, as a URL with any password hidden.
+    location: str
+
     @abc.abstractmethod
     def try_acquire(
         self,

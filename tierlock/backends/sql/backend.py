@@ -78,6 +78,7 @@ class SQLBackend(LockBackend):
             self._base_engine = usable_engine(engine)
             self._owns_engine = False
             self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.location = self._base_engine.url.render_as_string(hide_password=True)
         self.dialect_name = self._engine.dialect.name
         self._watchdog: Watchdog | None = None
         channel = None
