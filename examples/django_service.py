@@ -22,9 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import django  # type: ignore[import-untyped]
-from django.conf import settings  # type: ignore[import-untyped]
-from django.db import connection, models  # type: ignore[import-untyped]
+import django
+from django.conf import settings
+from django.db import connection, models
 
 import tierlock
 
