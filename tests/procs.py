@@ -53,31 +53,36 @@ PAUSE = 0.001
 SECTION = 100e-6
 
 
-def _unknown_threads() -> set[int]:
-    """The threads of this process (by native id) that Python has not alive."""
-    alive = {thread.native_id for thread in threading.enumerate()}
-    return {int(task) for task in os.listdir("/proc/self/task")} - alive
+# The native ids of the threads Python started in this process since this module was
+# imported (each notes its own as it starts), as opposed to threads of C libraries
+# (a BLAS pool, say), which live on and never touch OpenSSL's locks.
+_python_threads: set[int] = set()
 
 
-# Threads that this process had before any test ran and that Python does not know,
-# such as pytest-xdist's own: a fork need not wait for them.
-_THREADS_OF_THE_RUNNER = _unknown_threads()
+def _note_thread(*_: object) -> None:
+    _python_threads.add(threading.get_native_id())
+    sys.setprofile(None)  # (this once only: the hook costs nothing afterwards)
+
+
+threading.setprofile(_note_thread)
 
 
 def wait_for_ended_threads() -> None:
-    """Before a fork: wait until every thread of this process that Python started and
-    joined is gone.
+    """Before a fork: wait until every thread that Python started and joined is gone.
 
     A thread that ``join()`` already returned from still runs its exit handlers for a
     moment, OpenSSL's among them (pymysql makes an SSL context for each connection),
     which hold OpenSSL's global lock: a child forked then inherits the lock held, and
     hangs at its first connect.
     """
-    wait_until(
-        lambda: _unknown_threads() <= _THREADS_OF_THE_RUNNER,
-        "ended threads to exit",
-        limit=WAIT_LIMIT,
-    )
+
+    def only_live_ones() -> bool:
+        tasks = {int(task) for task in os.listdir("/proc/self/task")}
+        _python_threads.intersection_update(tasks)
+        alive = {thread.native_id for thread in threading.enumerate()}
+        return _python_threads <= alive
+
+    wait_until(only_live_ones, "ended threads to exit", limit=WAIT_LIMIT)
 
 
 def open_manager(url: str, table: str) -> tierlock.LockManager:
