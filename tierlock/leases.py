@@ -155,6 +155,7 @@ class Heartbeat:
         """A renewal failed: holds whose lease may have ended are lost; the others are
         tried again soon."""
         now = time.monotonic()
+        self._counters.add("failed_renewals")
         logger.warning("renewing %d lock(s) failed, will try again: %s", len(holds), exc)
         for hold in holds:
             if hold.live_until <= now and self._holds.get(hold.owner_id) is hold:

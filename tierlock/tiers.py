@@ -119,16 +119,16 @@ class Tiers:
                 key,
             )
         registry = self.registry
+        called = time.monotonic() if self.counters.observers else 0.0  # (timed for metrics)
         if registry.reenter(key):
-            self.counters.add("reentrant_acquisitions")
-            self.counters.add("acquisitions")
+            self.counters.acquired(key, called, reentrant=True)
             return True
         if wait == 0 and (
             registry.turn_away(key)  # another thread of this process holds or asks for it
             or self.cohorts.hot(key)  # other processes fight over it
         ):
             return False
-        deadline = None if wait is None else time.monotonic() + wait
+        deadline = None if wait is None else (called or time.monotonic()) + wait
         request = Request(Owner.current(), ttl, renew, on_lost)
         owner_id = request.owner.owner_id
         try:
@@ -157,7 +157,7 @@ class Tiers:
             # once a hand-off gave this thread the claim; pass on whatever it got.
             self._abandon(key, owner_id, certain=not isinstance(exc, LockError))
             raise
-        self.counters.add("acquisitions")
+        self.counters.acquired(key, called)
         return True
 
     def _abandon(self, key: str, owner_id: str, *, certain: bool) -> None:
@@ -273,12 +273,12 @@ class Tiers:
 
     def release(self, key: str) -> None:
         hold = self.registry.exit(key)
-        if hold is None:
-            self.counters.add("releases")
-            return  # an inner reentrant release
-        self._let_go(key, hold)
+        if hold is not None:  # (else an inner reentrant release)
+            if self.counters.observers:
+                self.counters.held(key)
+            self._let_go(key, hold)
+            logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
         self.counters.add("releases")
-        logger.debug("released %r (token %d, owner %s)", key, hold.token, hold.owner_id)
 
     def _let_go(self, key: str, hold: Hold) -> None:
         """Pass the calling thread's last hold of ``key`` to the next local waiter, or
