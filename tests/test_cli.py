@@ -242,8 +242,8 @@ def test_reap_deletes_only_expired_rows(
 )
 @pytest.mark.parametrize(
     "command",
-    [["ls"], ["reap"], ["release", "k", "--force"], ["init"]],
-    ids=["ls", "reap", "release", "init"],
+    [["ls"], ["ls", "--json"], ["top", "--once"], ["reap"], ["release", "k", "--force"], ["init"]],
+    ids=["ls", "ls-json", "top", "reap", "release", "init"],
 )
 def test_unreachable_database_is_one_line(
     url: str, reason: str, command: list[str], tmp_path: Path
@@ -279,7 +279,15 @@ def test_missing_table_is_one_line(db_url: str, table: str, engine: Engine) -> N
     if db_url.startswith("sqlite"):  # a file without the table, so that SQLite says it
         assert invoke("--url", db_url, "--table", f"other_{table}", "init").exit_code == 0
     target = ("--url", db_url, "--table", table)
-    for command in (["ls"], ["reap"], ["release", "k", "--force"], ["reap", "--every", "1"]):
+    for command in (
+        ["ls"],
+        ["ls", "--json"],
+        ["top", "--once"],
+        ["top"],
+        ["reap"],
+        ["reap", "--every", "1"],
+        ["release", "k", "--force"],
+    ):
         check_one_line_error(
             invoke(*target, *command), f"table {table} does not exist in", "run `tierlock init`"
         )

@@ -1,6 +1,6 @@
 """What the admin commands show and say, shared by ``tierlock``, Django's
 ``manage.py tierlock`` and ``flask tierlock``: the holders as a table or as JSON, and
-the messages of ``release`` and ``reap``."""
+the messages of ``release`` and ``reap`` and of a database that fails them."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from typing import Any
 
 from rich.table import Table
 
+from .errors import BackendError
 from .records import LockInfo
 
 __all__ = [
     "FORCE_NEEDED",
     "duration",
+    "failure",
     "holder_record",
     "holders_table",
+    "holders_title",
+    "missing_table",
     "nothing_held",
     "reaped",
     "released",
@@ -29,12 +33,15 @@ FORCE_NEEDED = (
 )
 
 
-def holders_table(holders: list[LockInfo], *, table: str, where: str, now: datetime) -> Table:
+def holders_table(
+    holders: list[LockInfo], *, table: str, where: str, now: datetime, titled: bool = True
+) -> Table:
     """``holders`` of lock table ``table`` at ``where`` (a URL, password hidden), as of
-    ``now`` (UTC): expired rows in red."""
+    ``now`` (UTC): expired rows in red. ``titled=False`` leaves out the title, which
+    counts them, for a view that says so in its own header (see ``holders_title``)."""
     expired = sum(info.expired for info in holders)
     view = Table(
-        title=f"{len(holders)} lock(s) in {table} at {where}",
+        title=holders_title(holders, table=table, where=where) if titled else None,
         caption=(
             f"{expired} expired: free to take; `tierlock reap` deletes them" if expired else None
         ),
@@ -62,6 +69,10 @@ def holders_table(holders: list[LockInfo], *, table: str, where: str, now: datet
             style="red" if info.expired else None,
         )
     return view
+
+
+def holders_title(holders: list[LockInfo], *, table: str, where: str) -> str:
+    return f"{len(holders)} lock(s) in {table} at {where}"
 
 
 def holder_record(info: LockInfo) -> dict[str, Any]:
@@ -95,3 +106,23 @@ def released(key: str, done: bool) -> str:
 
 def reaped(count: int, table: str) -> str:
     return f"reaped {count} expired lock(s) from {table}"
+
+
+def missing_table(table: str, where: str) -> str:
+    return f"table {table} does not exist in {where}; run `tierlock init`"
+
+
+def failure(error: BackendError, *, table: str, where: str) -> str:
+    """What to tell of ``error`` from lock table ``table`` at ``where``: how to make a
+    missing table, since that is the usual first mistake, or else the database's words."""
+    return missing_table(table, where) if _is_missing_table(error) else f"{where}: {error}"
+
+
+def _is_missing_table(error: BackendError) -> bool:
+    """Whether the database said the table does not exist."""
+    orig = getattr(error.__cause__, "orig", None)
+    return (
+        getattr(orig, "sqlstate", None) == "42P01"  # PostgreSQL: undefined_table
+        or (orig is not None and orig.args[:1] == (1146,))  # MySQL: ER_NO_SUCH_TABLE
+        or str(orig).startswith("no such table")  # SQLite
+    )

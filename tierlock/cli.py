@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import re
 import signal
@@ -42,6 +43,7 @@ from .demo import (
 )
 from .errors import BackendError, LockError
 from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
+from .top import DATABASE_TIMEOUT, watch
 
 __all__ = ["main"]
 
@@ -88,32 +90,21 @@ class Target:
         """The URL with its password hidden, fit to print."""
         return self.parsed.render_as_string(hide_password=True)
 
-    def manager(self) -> LockManager:
+    def manager(self, **options: Any) -> LockManager:
         """A manager for admin work: it neither creates the table nor reaps by itself."""
         parsed = self.parsed
         # Opening a missing SQLite file would create an empty one. (Where none can be
         # created, SQLite's own error says that the database is out of reach.)
         sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
         if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
-            raise Failure(self.missing_table())
-        return LockManager(self.url, table=self.table, create_table=False, reaper_interval=None)
-
-    def missing_table(self) -> str:
-        return f"table {self.table} does not exist in {self.shown}; run `tierlock init`"
+            raise Failure(admin.missing_table(self.table, self.shown))
+        return LockManager(
+            self.url, table=self.table, create_table=False, reaper_interval=None, **options
+        )
 
 
 def _hide_password(url: str) -> str:
     return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
-
-
-def _is_missing_table(error: BackendError) -> bool:
-    """Whether the database said the table does not exist."""
-    orig = getattr(error.__cause__, "orig", None)
-    return (
-        getattr(orig, "sqlstate", None) == "42P01"  # PostgreSQL: undefined_table
-        or (orig is not None and orig.args[:1] == (1146,))  # MySQL: ER_NO_SUCH_TABLE
-        or str(orig).startswith("no such table")  # SQLite
-    )
 
 
 class Group(click.Group):
@@ -124,9 +115,7 @@ class Group(click.Group):
             return super().invoke(ctx)
         except BackendError as exc:
             target = ctx.find_object(Target) or Target()
-            if _is_missing_table(exc):
-                raise Failure(target.missing_table()) from exc
-            raise Failure(f"{target.shown}: {exc}") from exc
+            raise Failure(admin.failure(exc, table=target.table, where=target.shown)) from exc
         except (LockError, ValueError, TypeError, SQLAlchemyError) as exc:
             raise Failure(str(exc)) from exc
 
@@ -343,17 +332,39 @@ def _ddl_lines(table: SQLTable, dialect: Dialect) -> list[str]:
 
 @main.command("ls")
 @target_options
+@click.option("--json", "as_json", is_flag=True, help="A JSON array, an object per row.")
 @pass_target
-def list_holders(target: Target) -> None:
+def list_holders(target: Target, as_json: bool) -> None:
     """List the lock table's rows: who holds what, and for how long."""
     with target.manager() as locks:
         holders = locks.holders()
+    if as_json:
+        click.echo(json.dumps([admin.holder_record(info) for info in holders], indent=2))
+        return
     console = _console()
     if not holders:
         console.print(admin.nothing_held(target.table, target.shown))
         return
     now = datetime.now(timezone.utc)
     console.print(admin.holders_table(holders, table=target.table, where=target.shown, now=now))
+
+
+@main.command()
+@target_options
+@click.option(
+    "--interval",
+    type=click.FloatRange(0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between two reads of the table.",
+)
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@pass_target
+def top(target: Target, interval: float, once: bool) -> None:
+    """A live view of the lock table's rows, until Ctrl-C or SIGTERM."""
+    with target.manager(database_timeout=DATABASE_TIMEOUT) as locks, _stop_on_signals() as stop:
+        watch(locks, Console(highlight=False), interval=None if once else interval, stop=stop)
 
 
 @main.command()
