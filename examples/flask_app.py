@@ -3,7 +3,9 @@
 ``POST /transfer {"from": 1, "to": 2, "amount": 5}`` reads both balances, pauses and
 writes both back: two transfers that share a user would overwrite each other's writes,
 so the handler holds both users' locks, taken in sorted order so that opposite transfers
-(1 to 2 and 2 to 1) cannot each hold one lock and wait forever for the other.
+(1 to 2 and 2 to 1) cannot each hold one lock and wait forever for the other. The locks
+come from ``tierlock.contrib.flask``: the app's settings name the lock database, and the
+manager is opened at the first lock.
 
 Run as a script, it serves the app on a free port with a threaded server, fires
 concurrent transfers at it from a pool of client threads, and checks that every balance
@@ -35,12 +37,14 @@ from pathlib import Path
 from flask import Flask, request
 from werkzeug.serving import make_server
 
-import tierlock
+from tierlock.contrib.flask import TierLock
 
 USERS = 5
 OPENING_BALANCE = 1000
 TRANSFERS = 200
 CLIENTS = 8
+
+locks = TierLock()
 
 
 def connect(bank: Path) -> sqlite3.Connection:
@@ -57,8 +61,10 @@ def open_accounts(bank: Path) -> None:
         )
 
 
-def create_app(locks: tierlock.LockManager, bank: Path) -> Flask:
+def create_app(url: str, table: str, bank: Path) -> Flask:
     app = Flask(__name__)
+    app.config.update(TIERLOCK_URL=url, TIERLOCK_TABLE=table)
+    locks.init_app(app)  # connects to nothing until the first lock
 
     @app.post("/transfer")
     def transfer() -> dict[str, int]:
@@ -105,8 +111,9 @@ def main() -> int:
         bank = Path(scratch) / "bank.db"
         open_accounts(bank)
         url = args.url or f"sqlite:///{Path(scratch) / 'locks.db'}"
-        with tierlock.LockManager(url, table=args.table) as locks:
-            server = make_server("127.0.0.1", 0, create_app(locks, bank), threaded=True)
+        app = create_app(url, args.table, bank)
+        with app.extensions["tierlock"]:  # closed before the scratch directory goes
+            server = make_server("127.0.0.1", 0, app, threaded=True)
             threading.Thread(target=server.serve_forever, daemon=True).start()
             base = f"http://127.0.0.1:{server.port}"
 
