@@ -4,6 +4,7 @@ Every implementation runs every scenario for ``--seconds``, ``--repeats`` times,
 repeats interleaved so that noise spreads over all; the report gives the median of
 each figure and its ratio to tierlock's on the same database. A last section times one
 uncontended acquire + release against the same two statements on the bare driver.
+Beside the report, a PNG chart per scenario (see :mod:`bench.charts`) is linked from it.
 The exit status is 1 if a cell failed or a lock let two sections of a key overlap.
 
 ::
@@ -38,6 +39,7 @@ from sqlalchemy.pool import NullPool
 import tierlock
 
 from .acquire_release import compare
+from .charts import chart_file, draw
 from .interface import Implementation
 from .renewal import HOLDS, RENEWAL, RENEWAL_TTL, RenewalRow, renewal_section, run_renewal
 from .report import LEGEND, Row, scenario_section
@@ -111,7 +113,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=RENEWAL_TTL,
         help=f"{RENEWAL}: lease of the renewed holds, beats every third of it ({RENEWAL_TTL:g})",
     )
-    parser.add_argument("--output", type=Path, default=OUTPUT, help=f"report file ({OUTPUT})")
+    parser.add_argument(
+        "--output", type=Path, default=OUTPUT, help=f"report file, charts beside it ({OUTPUT})"
+    )
     parser.add_argument(
         "--table",
         default=f"bench_{uuid.uuid4().hex[:12]}",
@@ -273,8 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for url in urls.values():
                 drop(url, args.table)
         lines: list[str] = []
+        charts = {
+            name: chart_file(SCENARIOS[name])
+            for name, scenario_rows in rows.items()
+            if scenario_rows and urls
+        }
         for name, scenario_rows in rows.items():
-            lines += scenario_section(SCENARIOS[name], scenario_rows, list(urls))
+            lines += scenario_section(SCENARIOS[name], scenario_rows, list(urls), charts.get(name))
         if renewals:
             lines += renewal_section(renewals, list(urls), args.renewal_holds, args.renewal_ttl)
         if ACQUIRE_RELEASE in scenarios and urls:
@@ -288,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(report, encoding="utf-8")
+    for name, file in charts.items():  # after the report, which a failed chart must not cost
+        draw(SCENARIOS[name], rows[name], list(urls), args.output.parent / file)
     every = [row for scenario_rows in rows.values() for row in scenario_rows]
     failed = any(row.failure is not None or row.violated() for row in every) or any(
         row.failure is not None or any(cell.leftover for cell in row.cells) for row in renewals

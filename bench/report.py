@@ -163,10 +163,13 @@ def scenario_table(rows: Sequence[Row], columns: dict[str, str] = COLUMNS) -> li
 
 
 def scenario_section(
-    scenario: Scenario, rows: Sequence[Row], databases: Sequence[str]
+    scenario: Scenario, rows: Sequence[Row], databases: Sequence[str], chart: str | None = None
 ) -> list[str]:
-    """The tables of one scenario, one per database; rows without one appear in each."""
+    """The tables of one scenario, one per database; rows without one appear in each.
+    ``chart``: the scenario's chart, relative to the report, to show above them."""
     lines = [f"## {scenario.name}: {scenario.description}", ""]
+    if chart is not None:
+        lines += [f"![{scenario.name}: throughput and wait by database]({chart})", ""]
     columns = COLUMNS
     if not scenario.blocking:
         columns = TRY_COLUMNS

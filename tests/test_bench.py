@@ -3,8 +3,9 @@
 Timings are for people to read, not for tests: what is checked is that every row is
 reported, that no lock let two sections of a key overlap while the floor, which locks
 nothing, was caught doing so, that counts add up (wins within tries, one heartbeat
-statement per 512 renewed holds, none without renewal), and that a run leaves no table
-and no process behind.
+statement per 512 renewed holds, none without renewal), that each scenario's chart is
+a readable PNG linked under its heading, and that a run leaves no table and no process
+behind.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import subprocess
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import procs
@@ -67,6 +69,28 @@ def value(cell: str) -> float:
     return float(cell.split(maxsplit=1)[0])
 
 
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def check_charts(report: str, directory: Path, scenarios: Sequence[str]) -> None:
+    """Each scenario's chart is a PNG beside the report, linked right under its heading;
+    the scenarios without one (renewal, acquire-release) have none."""
+    import matplotlib.image  # only here: slow to import, and only these tests need it
+
+    assert sorted(path.name for path in directory.glob("*.png")) == sorted(
+        f"{scenario}.png" for scenario in scenarios
+    )
+    for scenario in scenarios:
+        link = re.search(rf"\n## {scenario}: [^\n]*\n\n!\[[^\]\n]+\]\(([^)\n]+)\)\n", report)
+        assert link is not None, f"no chart under the {scenario} heading\n{report}"
+        assert link[1] == f"{scenario}.png", "linked relative to the report"
+        chart = directory / link[1]
+        assert chart.read_bytes().startswith(PNG)
+        assert chart.stat().st_size > 10_000, "more than an empty canvas"
+        height, width, channels = matplotlib.image.imread(chart).shape
+        assert height > 300 and width > 300 and channels in (3, 4)
+
+
 def processes_naming(text: str) -> list[int]:
     """Processes whose command line contains ``text``."""
     found = []
@@ -116,6 +140,7 @@ def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_pat
         assert caught is not None, report
         assert int(caught[1]) + int(caught[2]) > 0, report
     assert re.search(rf"\| {db} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", report)
+    check_charts(report, tmp_path, SCENARIOS)
 
     engine = create_engine(db_url)
     try:
@@ -165,6 +190,7 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     assert value(renewed[5]) == pytest.approx(value(renewed[4]) * holds / 2, rel=0.01)
     assert [value(cell) for cell in fixed[1:3]] == [0, 0], report
     assert renewed[-1] == fixed[-1] == "0", "every hold is released"
+    check_charts(report, tmp_path, ["flash-sale"])
 
 
 @pytest.mark.multiprocess
