@@ -8,6 +8,8 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
+import click
+from rich.console import Console
 from rich.table import Table
 
 from .errors import BackendError
@@ -15,6 +17,8 @@ from .records import LockInfo
 
 __all__ = [
     "FORCE_NEEDED",
+    "Failure",
+    "console",
     "duration",
     "failure",
     "holder_record",
@@ -31,6 +35,21 @@ FORCE_NEEDED = (
     "holder still at work would not know until its own release or extend raises "
     "LockLostError; a dead holder's lock frees itself when its lease ends"
 )
+
+
+class Failure(click.ClickException):
+    """An error the user can act on, shown as one line: ``tierlock: <message>``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tierlock: {self.message}", file=file, err=True)
+
+
+def console() -> Console:
+    """Rich output that keeps long lines whole, so that logs and pipes read well."""
+    return Console(soft_wrap=True, highlight=False)
 
 
 def holders_table(

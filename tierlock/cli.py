@@ -56,16 +56,6 @@ SUPPORTED = ("sqlite", *MYSQL_FAMILY, "postgresql")
 PROBE_TIMEOUT = 5
 
 
-class Failure(click.ClickException):
-    """An error the user can act on, shown as one line: ``tierlock: <message>``."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"tierlock: {self.message}", file=file, err=True)
-
-
 @dataclasses.dataclass
 class Target:
     """The database and lock table a command works on."""
@@ -78,7 +68,7 @@ class Target:
         try:
             make_url(self.url)
         except (ArgumentError, ValueError):
-            raise Failure(f"not a database URL: {_hide_password(self.url)}") from None
+            raise admin.Failure(f"not a database URL: {_hide_password(self.url)}") from None
         check_table_name(self.table)
 
     @property
@@ -97,7 +87,7 @@ class Target:
         # created, SQLite's own error says that the database is out of reach.)
         sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
         if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
-            raise Failure(admin.missing_table(self.table, self.shown))
+            raise admin.Failure(admin.missing_table(self.table, self.shown))
         return LockManager(
             self.url, table=self.table, create_table=False, reaper_interval=None, **options
         )
@@ -115,9 +105,9 @@ class Group(click.Group):
             return super().invoke(ctx)
         except BackendError as exc:
             target = ctx.find_object(Target) or Target()
-            raise Failure(admin.failure(exc, table=target.table, where=target.shown)) from exc
+            raise admin.Failure(admin.failure(exc, table=target.table, where=target.shown)) from exc
         except (LockError, ValueError, TypeError, SQLAlchemyError) as exc:
-            raise Failure(str(exc)) from exc
+            raise admin.Failure(str(exc)) from exc
 
 
 def _override(name: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
@@ -152,11 +142,6 @@ def pass_target(command: Callable[..., None]) -> Callable[..., None]:
         command(target, *args, **kwargs)
 
     return with_target
-
-
-def _console() -> Console:
-    """Rich output that keeps long lines whole, so that logs and pipes read well."""
-    return Console(soft_wrap=True, highlight=False)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -266,7 +251,7 @@ def init(target: Target, print_sql: bool) -> None:
         return
     with LockManager(target.url, table=target.table, reaper_interval=None):
         pass
-    _console().print(f"table {target.table} is ready in {target.shown}")
+    admin.console().print(f"table {target.table} is ready in {target.shown}")
 
 
 def _ddl(target: Target) -> str:
@@ -275,11 +260,11 @@ def _ddl(target: Target) -> str:
     mysql:// URL, which serves both, asks the server which it is, or gives both."""
     parsed = target.parsed
     if parsed.get_backend_name() not in SUPPORTED:
-        raise Failure(f"unsupported database {parsed.get_backend_name()!r} in {target.shown}")
+        raise admin.Failure(f"unsupported database {parsed.get_backend_name()!r} in {target.shown}")
     try:
         dialect = parsed.get_dialect()()
     except SQLAlchemyError as exc:
-        raise Failure(f"cannot use {target.shown}: {exc}") from exc
+        raise admin.Failure(f"cannot use {target.shown}: {exc}") from exc
     table = lock_table(target.table)
     if dialect.name == "mysql":
         server = _server_dialect(parsed)
@@ -341,7 +326,7 @@ def list_holders(target: Target, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([admin.holder_record(info) for info in holders], indent=2))
         return
-    console = _console()
+    console = admin.console()
     if not holders:
         console.print(admin.nothing_held(target.table, target.shown))
         return
@@ -378,7 +363,7 @@ def release(target: Target, key: str, force: bool) -> None:
         raise click.UsageError(admin.FORCE_NEEDED.format(key=key))
     with target.manager() as locks:
         released = locks.force_release(key)
-    _console().print(admin.released(key, released))
+    admin.console().print(admin.released(key, released))
 
 
 @main.command()
@@ -392,7 +377,7 @@ def release(target: Target, key: str, force: bool) -> None:
 @pass_target
 def reap(target: Target, every: float | None) -> None:
     """Delete the rows whose lease has ended, once or as a service."""
-    console = _console()
+    console = admin.console()
     with target.manager() as locks:
         count = locks.reap()
         console.print(admin.reaped(count, target.table))
@@ -409,7 +394,7 @@ def reap(target: Target, every: float | None) -> None:
                     count = locks.reap()
                 except BackendError as exc:
                     # A service outlives a database that is briefly away.
-                    Failure(f"reap failed: {exc}").show()
+                    admin.Failure(f"reap failed: {exc}").show()
                     continue
                 if count:
                     console.print(f"reaped {count} expired lock(s)")

@@ -41,7 +41,6 @@ from typing import Any, TypeVar, cast
 import click
 from flask import Flask, current_app, has_app_context
 from flask.cli import AppGroup
-from rich.console import Console
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -202,16 +201,6 @@ def _database_url(app: Flask) -> str:
 # -- flask tierlock ls|release|reap ---------------------------------------------------
 
 
-class Failure(click.ClickException):
-    """An error the user can act on, shown as ``tierlock`` shows it: one line."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"tierlock: {self.message}", file=file, err=True)
-
-
 def _reported(command: Callable[..., None]) -> Callable[..., None]:
     """Turn the errors a user can cause or fix into one line on stderr, exit code 1."""
 
@@ -221,9 +210,9 @@ def _reported(command: Callable[..., None]) -> Callable[..., None]:
             command(*args, **kwargs)
         except BackendError as exc:
             locks = _app_locks()
-            raise Failure(admin.failure(exc, table=locks.table, where=locks.url)) from exc
+            raise admin.Failure(admin.failure(exc, table=locks.table, where=locks.url)) from exc
         except (LockError, ValueError, TypeError, SQLAlchemyError) as exc:
-            raise Failure(str(exc)) from exc
+            raise admin.Failure(str(exc)) from exc
 
     return run
 
@@ -245,11 +234,6 @@ def _app_locks() -> AppLockManager:
     return cast(AppLockManager, current_app.extensions[EXTENSION])
 
 
-def _console() -> Console:
-    """Rich output that keeps long lines whole, as ``tierlock``'s does."""
-    return Console(soft_wrap=True, highlight=False)
-
-
 @cli.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row, in a list.")
 @_reported
@@ -261,10 +245,10 @@ def list_holders(as_json: bool) -> None:
         click.echo(json.dumps([admin.holder_record(info) for info in holders], indent=2))
         return
     if not holders:
-        _console().print(admin.nothing_held(locks.table, locks.url))
+        admin.console().print(admin.nothing_held(locks.table, locks.url))
         return
     now = datetime.now(timezone.utc)
-    _console().print(admin.holders_table(holders, table=locks.table, where=locks.url, now=now))
+    admin.console().print(admin.holders_table(holders, table=locks.table, where=locks.url, now=now))
 
 
 @cli.command()
@@ -275,7 +259,7 @@ def release(key: str, force: bool) -> None:
     """Delete KEY's lock row, whoever holds it."""
     if not force:
         raise click.UsageError(admin.FORCE_NEEDED.format(key=key))
-    _console().print(admin.released(key, _app_locks().force_release(key)))
+    admin.console().print(admin.released(key, _app_locks().force_release(key)))
 
 
 @cli.command()
@@ -283,4 +267,4 @@ def release(key: str, force: bool) -> None:
 def reap() -> None:
     """Delete the rows whose lease has ended, now (the app's reaper also does, by itself)."""
     locks = _app_locks()
-    _console().print(admin.reaped(locks.reap(), locks.table))
+    admin.console().print(admin.reaped(locks.reap(), locks.table))
