@@ -17,12 +17,19 @@ from typing import Any
 import procs
 import pytest
 from proxy import Proxy
+from scratch import Scratch
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 import tierlock
 
+# pytester puts sys.modules back as it found them after each test that uses it: all of
+# tierlock is loaded now, so that none of its modules is ever loaded twice.
+import tierlock.pytest_plugin.once
+
 MakeManager = Callable[..., tierlock.LockManager]
+
+pytest_plugins = ["pytester"]
 
 DATABASES = {
     "sqlite": None,  # a fresh file per test, under tmp_path
@@ -97,13 +104,15 @@ def db_url(db: str, tmp_path: Path) -> str:
 
 @pytest.fixture
 def table(db_url: str) -> Iterator[str]:
-    """A lock table of this test's own, dropped afterwards."""
+    """A lock table of this test's own, dropped afterwards (with the pytest plugin's
+    table of run-once results beside it)."""
     name = f"tl_{uuid.uuid4().hex[:16]}"
     yield name
     engine = create_engine(db_url)
     try:
         with engine.begin() as connection:
-            connection.execute(text(f"DROP TABLE IF EXISTS {name}"))
+            for dropped in (name, f"{name}_once"):
+                connection.execute(text(f"DROP TABLE IF EXISTS {dropped}"))
     finally:
         engine.dispose()
 
@@ -186,6 +195,22 @@ def proxied(
         return make_manager(url=url.render_as_string(hide_password=False), **options)
 
     return make
+
+
+@pytest.fixture
+def scratch(
+    db: str, db_url: str, table: str, engine: Engine, request: pytest.FixtureRequest
+) -> Scratch:
+    """A scratch suite for tierlock's pytest plugin: on SQLite, with the plugin's own
+    default; on a server, on this test's table."""
+    with engine.connect():  # (the driver is loaded before pytester notes sys.modules)
+        pass
+    pytester: pytest.Pytester = request.getfixturevalue("pytester")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)  # (this suite's own, under xdist)
+    url_args = [] if db == "sqlite" else ["--tierlock-url", db_url, "-o", f"tierlock_table={table}"]
+    return Scratch(pytester, url_args)
 
 
 @pytest.fixture

@@ -5,12 +5,16 @@ the key by inserting a row into a SQL table (tier 2), whose lease, owner id and
 fencing token keep the lock safe across processes and hosts.
 """
 
-from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeldError
-from .keys import MAX_KEY_LENGTH
-from .lock import Lock
-from .manager import LockManager
-from .records import LockInfo
-from .stats import LockStats
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeldError
+    from .keys import MAX_KEY_LENGTH
+    from .lock import Lock
+    from .manager import LockManager
+    from .records import LockInfo
+    from .stats import LockStats
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -27,3 +31,31 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Where each public name lives. They are imported on first use, so that importing the
+# package alone, as pytest does for the plugin in every run, loads no database code.
+_HOMES = {
+    "BackendError": "errors",
+    "LockError": "errors",
+    "LockLostError": "errors",
+    "LockTimeout": "errors",
+    "NotHeldError": "errors",
+    "MAX_KEY_LENGTH": "keys",
+    "Lock": "lock",
+    "LockManager": "manager",
+    "LockInfo": "records",
+    "LockStats": "stats",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
