@@ -70,6 +70,17 @@ def test_a_raising_function_runs_once_and_every_worker_gets_its_error(scratch: S
     assert errors == ["OnceFailed"] * 7 + ["ValueError"]
 
 
+def test_keys_are_compared_exactly(scratch: Scratch) -> None:
+    scratch.write(
+        test_keys="""
+        def test_keys(tierlock_once):
+            keys = ["schema", "schema ", "Schema", "sch\u00e9ma", "sche\u0301ma", "\U0001f512"]
+            assert [tierlock_once(key, lambda key=key: key) for key in keys] == keys
+        """
+    )
+    scratch.run(workers=0).assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize("db", ["sqlite"], indirect=True)
 def test_the_run_s_manager_is_closed_at_the_end(scratch: Scratch) -> None:
     scratch.write(
@@ -197,3 +208,10 @@ def test_a_function_whose_runner_was_killed_runs_again_in_a_survivor(scratch: Sc
     first, second = scratch.records("ran")
     assert {value for _, value in scratch.records("saw")} == {second[0]}
     assert first[0] != second[0]
+
+
+def test_a_run_id_too_long_for_the_table_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_plain(): pass")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tierlock-run={'x' * 65}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--tierlock-run takes an ID of 1 to 64 characters*"])

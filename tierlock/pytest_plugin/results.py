@@ -15,12 +15,13 @@ from typing import NamedTuple
 from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, Text, create_engine
 from sqlalchemy.dialects import mysql
 
+from ..backends.sql.table import LockKeyType
 from ..manager import LockManager
+from .run import MAX_RUN_ID
 
 __all__ = ["Outcome", "Results"]
 
 KEPT = 24 * 3600.0  # seconds that rows of runs which did not delete theirs are kept
-_KEY = String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin"), "mysql", "mariadb")
 _BODY = Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
@@ -38,8 +39,8 @@ class Results:
         self.table = Table(
             f"{table}_once",
             MetaData(),
-            Column("run_id", String(64), primary_key=True),
-            Column("lock_key", _KEY, primary_key=True),
+            Column("run_id", String(MAX_RUN_ID), primary_key=True),
+            Column("lock_key", LockKeyType(), primary_key=True),  # compared exactly
             Column("failed", Boolean, nullable=False),
             Column("body", _BODY, nullable=False),
             Column("made_by", String(255), nullable=False),

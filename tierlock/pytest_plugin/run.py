@@ -25,6 +25,7 @@ __all__ = ["MARKER", "PluginRun", "holder"]
 
 MARKER = "tierlock"
 DEFAULT_FILE = "tierlock.sqlite3"
+MAX_RUN_ID = 64  # the results table's column
 # The thread name a hold of the plugin is taken under, so that its row says what holds
 # it: "test <node id>" or "tierlock_once('<key>')".
 _LABEL = "pytest {worker} {what}"
@@ -42,6 +43,8 @@ class PluginRun:
         self.worker: str = "main" if workerinput is None else workerinput["workerid"]
         self.is_worker = workerinput is not None
         explicit: str | None = config.getoption("tierlock_run")
+        if explicit is not None and not 0 < len(explicit) <= MAX_RUN_ID:
+            raise pytest.UsageError(f"--tierlock-run takes an ID of 1 to {MAX_RUN_ID} characters")
         #: Whose results a run-once function's outcome is: the run's own unless shared.
         self.run_id: str = explicit or (
             workerinput["testrunuid"] if workerinput is not None else uuid.uuid4().hex
