@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import MakeManager
+from polling import wait_until
 from scratch import Scratch
 
 import tierlock
@@ -281,3 +282,25 @@ def test_the_header_hides_the_password(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["tierlock: postgresql+psycopg://tester:***@127.0.0.1:1/nowhere *"])
     assert "s3cret" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_run_reaps_the_expired_holds_of_killed_runs(
+    scratch: Scratch, make_manager: MakeManager
+) -> None:
+    left = make_manager(ttl=0.2, renew=False)  # as a killed run leaves its row behind
+    scratch.url_args = ["--tierlock-url", left.url, "-o", f"tierlock_table={left.table}"]
+    assert left.lock("pytest-once:killed-run:schema").acquire()
+    wait_until(lambda: not left.lock("pytest-once:killed-run:schema").locked(), "the lease")
+    assert left.info("pytest-once:killed-run:schema") is not None
+    scratch.write(
+        test_one="""
+        import pytest
+
+        @pytest.mark.tierlock("printer")
+        def test_print():
+            pass
+        """
+    )
+    scratch.run(workers=0).assert_outcomes(passed=1)
+    assert left.holders() == []

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import timezone
-
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
+from typing import TYPE_CHECKING
 
 from .errors import LockError
+
+if TYPE_CHECKING:
+    from apscheduler.schedulers.background import BackgroundScheduler
 
 __all__ = ["Reaper"]
 
@@ -29,13 +30,26 @@ _scheduler_logger = logging.getLogger(f"{__name__}.scheduler")
 _scheduler_logger.setLevel(logging.WARNING)
 
 
-class _Executor(ThreadPoolExecutor):  # type: ignore[misc]  # (APScheduler is untyped)
-    """A thread pool whose jobs log to ``_scheduler_logger``: a job is handed the name
-    of the logger that ``start`` sets, ``apscheduler.executors.<alias>`` by default."""
+def _scheduler() -> BackgroundScheduler:
+    """A scheduler with one worker thread whose jobs log to ``_scheduler_logger``.
+    APScheduler is imported here, at the first reaper started: a process that starts
+    none (the command line, a test run's plugin) never pays for importing it."""
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.background import BackgroundScheduler
 
-    def start(self, scheduler: BackgroundScheduler, alias: str) -> None:
-        super().start(scheduler, alias)
-        self._logger = _scheduler_logger
+    class Executor(ThreadPoolExecutor):  # type: ignore[misc]  # (APScheduler is untyped)
+        # A job is handed the name of the logger that ``start`` sets,
+        # ``apscheduler.executors.<alias>`` by default.
+        def start(self, scheduler: BackgroundScheduler, alias: str) -> None:
+            super().start(scheduler, alias)
+            self._logger = _scheduler_logger
+
+    return BackgroundScheduler(
+        logger=_scheduler_logger,
+        executors={"default": Executor(1)},
+        job_defaults={"coalesce": True, "max_instances": 1},
+        timezone=timezone.utc,
+    )
 
 
 class Reaper:
@@ -52,12 +66,7 @@ class Reaper:
     def start(self, interval: float) -> None:
         """Run ``reap`` every ``interval`` seconds; restarting changes the interval."""
         self.stop()
-        scheduler = BackgroundScheduler(
-            logger=_scheduler_logger,
-            executors={"default": _Executor(1)},
-            job_defaults={"coalesce": True, "max_instances": 1},
-            timezone=timezone.utc,
-        )
+        scheduler = _scheduler()
         scheduler.add_job(self._run, "interval", seconds=interval, id=JOB_ID)
         scheduler.start()
         self._scheduler = scheduler

@@ -89,7 +89,15 @@ class PluginRun:
         if self._manager is None:
             from ..manager import LockManager
 
-            self._manager = LockManager(self.url, table=self.table)
+            # No reaper thread: waiters take over the holds of killed workers, and the
+            # rows nobody asks for again (a killed run's) go in this pass, at the start.
+            manager = LockManager(self.url, table=self.table, reaper_interval=None)
+            try:
+                manager.reap()
+            except BaseException:
+                manager.close()
+                raise
+            self._manager = manager
         return self._manager
 
     @property
