@@ -21,9 +21,9 @@ from tierlock.demo import (
     DemoConfig,
     DemoRun,
     accounts_table_name,
-    report,
     run_demo,
 )
+from tierlock.demo_report import report
 from tierlock.stats import LockStats
 
 ACCOUNTS = 6  # few accounts, so that unguarded transfers collide all the time

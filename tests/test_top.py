@@ -21,7 +21,8 @@ from polling import wait_until
 from proxy import Proxy
 from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
-from test_cli import console_script, invoke
+from test_cli import invoke
+from test_cli_program import console_script
 
 import tierlock
 from tierlock.process import host_identity, own_start_time

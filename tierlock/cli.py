@@ -22,25 +22,21 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from sqlalchemy import Table as SQLTable
-from sqlalchemy import create_engine
-from sqlalchemy.dialects import mysql
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.pool import NullPool
-from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 from . import __version__, admin
-from .backends.sql.table import MYSQL_FAMILY, check_table_name, lock_table
+from .backends.sql.ddl import table_ddl
+from .backends.sql.table import check_table_name
 from .demo import (
     DEFAULT_ACCOUNTS,
     DEFAULT_PROCESSES,
     DEFAULT_SECONDS,
     DEFAULT_THREADS,
     DemoConfig,
-    report,
     run_demo,
 )
+from .demo_report import report
 from .errors import BackendError, LockError
 from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
 from .top import DATABASE_TIMEOUT, watch
@@ -51,9 +47,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 URL_ENV = "TIERLOCK_URL"
 TABLE_ENV = "TIERLOCK_TABLE"
-SUPPORTED = ("sqlite", *MYSQL_FAMILY, "postgresql")
 # Seconds `init --print-sql` waits for a mysql:// server to say whether it is MariaDB.
-PROBE_TIMEOUT = 5
 
 
 @dataclasses.dataclass
@@ -247,72 +241,14 @@ def demo_command(
 def init(target: Target, print_sql: bool) -> None:
     """Create the lock table (and its index) if it does not exist."""
     if print_sql:
-        click.echo(_ddl(target))
+        try:
+            click.echo(table_ddl(target.parsed, target.table))
+        except ValueError as exc:
+            raise admin.Failure(f"cannot use {target.shown}: {exc}") from exc
         return
     with LockManager(target.url, table=target.table, reaper_interval=None):
         pass
     admin.console().print(f"table {target.table} is ready in {target.shown}")
-
-
-def _ddl(target: Target) -> str:
-    """The DDL the manager would send, compiled for the URL's dialect without a table
-    being made. MariaDB and MySQL 8 name their binary collation differently, so a
-    mysql:// URL, which serves both, asks the server which it is, or gives both."""
-    parsed = target.parsed
-    if parsed.get_backend_name() not in SUPPORTED:
-        raise admin.Failure(f"unsupported database {parsed.get_backend_name()!r} in {target.shown}")
-    try:
-        dialect = parsed.get_dialect()()
-    except SQLAlchemyError as exc:
-        raise admin.Failure(f"cannot use {target.shown}: {exc}") from exc
-    table = lock_table(target.table)
-    if dialect.name == "mysql":
-        server = _server_dialect(parsed)
-        if server is None:
-            return "\n".join(
-                [
-                    f"-- tierlock lock table {table.name} for mysql",
-                    "-- The server could not be reached to tell MariaDB from MySQL, so here",
-                    "-- are both; they differ only in lock_key's collation.",
-                    "",
-                    "-- For MariaDB:",
-                    *_ddl_lines(table, mysql.dialect(is_mariadb=True)),
-                    "",
-                    "-- For MySQL 8:",
-                    *_ddl_lines(table, mysql.dialect()),
-                ]
-            )
-        dialect = server
-    flavour = "mariadb" if getattr(dialect, "is_mariadb", False) else dialect.name
-    return "\n".join(
-        [f"-- tierlock lock table {table.name} for {flavour}", *_ddl_lines(table, dialect)]
-    )
-
-
-def _server_dialect(url: URL) -> Dialect | None:
-    """The dialect as connecting to ``url`` sets it up, or ``None`` if that fails."""
-    # Connecting also sends a few queries, so a server that stops answering after the
-    # handshake must not hold the command either; options in the URL take precedence.
-    timeouts = ("connect_timeout", "read_timeout", "write_timeout")
-    connect_args = {name: PROBE_TIMEOUT for name in timeouts if name not in url.query}
-    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
-    try:
-        with engine.connect() as connection:
-            return connection.dialect
-    except (SQLAlchemyError, ImportError):  # (ImportError: the URL's driver is missing)
-        return None
-    finally:
-        engine.dispose()
-
-
-def _ddl_lines(table: SQLTable, dialect: Dialect) -> list[str]:
-    elements: list[ExecutableDDLElement] = [CreateTable(table)]
-    elements += [CreateIndex(index) for index in sorted(table.indexes, key=str)]
-    lines: list[str] = []
-    for element in elements:
-        statement = str(element.compile(dialect=dialect)).strip().expandtabs(4)
-        lines += ["", "\n".join(line.rstrip() for line in statement.splitlines()) + ";"]
-    return lines
 
 
 @main.command("ls")
