@@ -14,7 +14,7 @@ from conftest import MakeManager
 from polling import wait_until
 from scratch import Scratch
 
-import tierlock
+from tierlock.manager import DEFAULT_TTL
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -181,7 +181,7 @@ def pytest_runtest_setup(item):
     (killed,) = scratch.records("killed")
     (got,) = scratch.records("got")
     # At once on the same host (the holder's process is gone), well inside the lease.
-    assert float(got[0]) - float(killed[0]) < tierlock.LockManager(reaper_interval=None).ttl / 3
+    assert float(got[0]) - float(killed[0]) < DEFAULT_TTL / 3
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from sqlalchemy.dialects import mysql
 
 from ..backends.sql.table import LockKeyType
 from ..manager import LockManager
-from .run import MAX_RUN_ID
 
 __all__ = ["Outcome", "Results"]
 
@@ -39,8 +38,9 @@ class Results:
         self.table = Table(
             f"{table}_once",
             MetaData(),
-            Column("run_id", String(MAX_RUN_ID), primary_key=True),
-            Column("lock_key", LockKeyType(), primary_key=True),  # compared exactly
+            # Both compared exactly, as lock keys are (case, trailing spaces and all).
+            Column("run_id", LockKeyType(), primary_key=True),
+            Column("lock_key", LockKeyType(), primary_key=True),
             Column("failed", Boolean, nullable=False),
             Column("body", _BODY, nullable=False),
             Column("made_by", String(255), nullable=False),

@@ -25,7 +25,7 @@ __all__ = ["MARKER", "PluginRun", "holder"]
 
 MARKER = "tierlock"
 DEFAULT_FILE = "tierlock.sqlite3"
-MAX_RUN_ID = 64  # the results table's column
+MAX_RUN_ID = 64  # (and the run-once lock keys stay short)
 # The thread name a hold of the plugin is taken under, so that its row says what holds
 # it: "test <node id>" or "tierlock_once('<key>')".
 _LABEL = "pytest {worker} {what}"
