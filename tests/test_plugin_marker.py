@@ -250,7 +250,12 @@ def test_a_run_that_does_not_use_the_plugin_loads_no_database_code(
     noted = [path.read_text().split() for path in pytester.path.glob("modules-*")]
     assert len(noted) == (1 if not workers else 3)
     for modules in noted:
-        assert modules == ["tierlock", "tierlock.pytest_plugin", "tierlock.pytest_plugin.run"]
+        assert modules == [
+            "tierlock",
+            "tierlock.pytest_plugin",
+            "tierlock.pytest_plugin.run",
+            "tierlock.urls",
+        ]
 
 
 def test_the_header_names_the_database_only_when_a_test_uses_it(pytester: pytest.Pytester) -> None:

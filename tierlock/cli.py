@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -40,6 +39,7 @@ from .demo_report import report
 from .errors import BackendError, LockError
 from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
 from .top import DATABASE_TIMEOUT, watch
+from .urls import hide_password
 
 __all__ = ["main"]
 
@@ -62,7 +62,7 @@ class Target:
         try:
             make_url(self.url)
         except (ArgumentError, ValueError):
-            raise admin.Failure(f"not a database URL: {_hide_password(self.url)}") from None
+            raise admin.Failure(f"not a database URL: {hide_password(self.url)}") from None
         check_table_name(self.table)
 
     @property
@@ -85,10 +85,6 @@ class Target:
         return LockManager(
             self.url, table=self.table, create_table=False, reaper_interval=None, **options
         )
-
-
-def _hide_password(url: str) -> str:
-    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 class Group(click.Group):

@@ -12,9 +12,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from ..urls import hide_password
 
 if TYPE_CHECKING:
     from ..manager import LockManager
@@ -71,18 +72,9 @@ class PluginRun:
         return f"sqlite:///{(base.parent if self.is_worker else base) / DEFAULT_FILE}"
 
     @property
-    def shown_url(self) -> str:
-        """``url`` with any password hidden, as SQLAlchemy shows it."""
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-
-    @property
     def where(self) -> str:
         """The report header's line."""
-        return f"tierlock: {self.shown_url} (table {self.table})"
+        return f"tierlock: {hide_password(self.url)} (table {self.table})"
 
     @property
     def manager(self) -> LockManager:
