@@ -17,10 +17,19 @@
 -- host_id, proc_start   the holder's host (boot id and pid namespace) and process
 --              start time: a waiter on that host takes the row over at once once the
 --              process is proven gone
+-- mode         NULL for an exclusive hold; 'shared' for a reader's row, kept under
+--              '<key>' || chr(1) || 'r' || owner; 'group' for the row under the key
+--              itself that stands for all its readers; 'permit' for a semaphore's
+--              slot, kept under '<key>' || chr(1) || 'p' || slot; 'reserved' for a
+--              group whose readers left while a writer waited
+-- members, waiting   a group's count of readers, and until when a waiting writer
+--              keeps new readers out
+-- permits      a semaphore's number of permits, on each of its slots
+-- parent       a reader's group (its token)
 
 CREATE TABLE tierlock_locks (
     token       BIGSERIAL NOT NULL,
-    lock_key    VARCHAR(255) COLLATE "C" NOT NULL,
+    lock_key    VARCHAR(300) COLLATE "C" NOT NULL,
     handoffs    INTEGER DEFAULT 0 NOT NULL,
     owner_id    VARCHAR(32) NOT NULL,
     host        VARCHAR(255) NOT NULL,
@@ -32,6 +41,11 @@ CREATE TABLE tierlock_locks (
     lease       DOUBLE PRECISION,
     host_id     VARCHAR(64),
     proc_start  BIGINT,
+    mode        VARCHAR(8),
+    members     INTEGER,
+    waiting     TIMESTAMP WITH TIME ZONE,
+    permits     INTEGER,
+    parent      BIGINT,
     PRIMARY KEY (token),
     CONSTRAINT uq_tierlock_locks_lock_key UNIQUE (lock_key)
 );

@@ -7,6 +7,7 @@ never a traceback, and must not create the table.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -175,11 +176,23 @@ def test_ls_shows_every_holder(
     assert f"2 lock(s) in {table}" in out
     host, pid, thread = socket.gethostname(), os.getpid(), threading.current_thread().name
     for lock, lease, renewal in ((live, r"\d+\.\d s", "30.0 s"), (stale, "expired", "fixed")):
-        cells = [*map(re.escape, (lock.key, str(lock.token), host, str(pid), thread)), r"[\d.]+ s"]
+        shown = (lock.key, "exclusive", str(lock.token), host, str(pid), thread)
+        cells = [*map(re.escape, shown), r"[\d.]+ s"]
         assert re.search("│ +" + " +│ +".join([*cells, lease, renewal]) + " +│", out), out
     assert "1 expired" in out
     live.release()
     stale.release()  # an expired row nobody took over is still the holder's to delete
+
+
+def test_ls_shows_each_hold_with_its_mode(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
+) -> None:
+    locks = make_manager()
+    with locks.read_lock(key), locks.semaphore(key + ":quota", 2), locks.lock(key + ":x"):
+        result = invoke("ls", "--url", db_url, "--table", table, "--json")
+    assert result.exit_code == 0, result.output
+    modes = sorted((entry["key"], entry["mode"]) for entry in json.loads(result.stdout))
+    assert modes == [(key, "shared"), (key + ":quota", "permit"), (key + ":x", "exclusive")]
 
 
 def test_release_needs_force(

@@ -337,7 +337,7 @@ def test_cli_ls_shows_the_holders_as_a_table_and_as_json(
         result = runner.invoke(args=["tierlock", "ls"], env=WIDE)
         assert result.exit_code == 0, result.output
         assert f"1 lock(s) in {table} at {locks.url}" in result.stdout
-        assert re.search(rf"{key} +│ +{lock.token} +│", result.stdout), result.stdout
+        assert re.search(rf"{key} +│ +exclusive +│ +{lock.token} +│", result.stdout), result.stdout
 
         result = runner.invoke(args=["tierlock", "ls", "--json"])
         assert result.exit_code == 0, result.output

@@ -29,7 +29,8 @@ BAD_KEYS: list[tuple[object, type[Exception], str]] = [
     ("x" * 256, ValueError, "at most 255"),
     (("x" * 200, "y" * 60), ValueError, "at most 255"),
     ("\U0001f600" * 256, ValueError, "at most 255"),
-    ("nul\x00inside", ValueError, "NUL"),
+    ("nul\x00inside", ValueError, "U\\+0000"),
+    ("mark\x01inside", ValueError, "U\\+0001"),
     ("lone \ud800 surrogate", ValueError, "Unicode"),
 ]
 

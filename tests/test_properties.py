@@ -46,7 +46,7 @@ MAX_KEY_LENGTH = 255
 def expected_key(key: str | tuple[str | int, ...]) -> str | None:
     """The key string tierlock must store for ``key``, or None if it must refuse it."""
     text = key if isinstance(key, str) else ":".join(map(str, key))
-    if not 0 < len(text) <= MAX_KEY_LENGTH or "\x00" in text:
+    if not 0 < len(text) <= MAX_KEY_LENGTH or "\x00" in text or "\x01" in text:
         return None
     if any(0xD800 <= ord(char) <= 0xDFFF for char in text):  # lone surrogates
         return None

@@ -110,6 +110,7 @@ def test_ls_json_gives_every_field_of_every_row(
         assert set(record) == {
             *("key", "token", "owner", "host", "pid", "thread_id", "thread_name"),
             *("acquired_at", "expires_at", "expired", "lease", "host_id", "process_start"),
+            "mode",
         }
         assert record["token"] == lock.token
         assert record["owner"] == info.owner
@@ -148,7 +149,8 @@ def test_once_shows_the_holders_and_marks_expired_rows(
     assert "Ctrl-C" not in plain  # one frame: nothing to quit
     host, pid, thread = socket.gethostname(), os.getpid(), threading.current_thread().name
     for lock, lease, renewal in ((live, r"\d+\.\d s", "30.0 s"), (stale, "expired", "fixed")):
-        cells = [*map(re.escape, (lock.key, str(lock.token), host, str(pid), thread)), r"[\d.]+ s"]
+        cells_shown = (lock.key, "exclusive", str(lock.token), host, str(pid), thread)
+        cells = [*map(re.escape, cells_shown), r"[\d.]+ s"]
         assert re.search("│ +" + " +│ +".join([*cells, lease, renewal]) + " +│", plain), plain
     assert "1 expired: free to take" in plain
     assert RED + stale.key in out

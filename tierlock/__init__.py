@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeldError
+    from .handles import ReadLock, Semaphore
     from .keys import MAX_KEY_LENGTH
     from .lock import Lock
     from .manager import LockManager
@@ -27,6 +28,8 @@ __all__ = [
     "LockStats",
     "LockTimeout",
     "NotHeldError",
+    "ReadLock",
+    "Semaphore",
     "__version__",
 ]
 
@@ -44,6 +47,8 @@ _HOMES = {
     "Lock": "lock",
     "LockManager": "manager",
     "LockInfo": "records",
+    "ReadLock": "handles",
+    "Semaphore": "handles",
     "LockStats": "stats",
 }
 

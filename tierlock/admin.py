@@ -66,6 +66,7 @@ def holders_table(
         ),
     )
     view.add_column("key", overflow="fold")
+    view.add_column("mode")
     view.add_column("token", justify="right")
     view.add_column("host")
     view.add_column("pid", justify="right")
@@ -78,6 +79,7 @@ def holders_table(
         left = "expired" if info.expired else duration((info.expires_at - now).total_seconds())
         view.add_row(
             info.key,
+            info.mode,
             str(info.token),
             info.host,
             str(info.pid),

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Union
 
-__all__ = ["MAX_KEY_LENGTH", "KeyLike", "make_key"]
+__all__ = [
+    "MARK",
+    "MAX_KEY_LENGTH",
+    "KeyLike",
+    "is_reader_key",
+    "make_key",
+    "permit_key",
+    "reader_key",
+    "user_key",
+]
 
-# The key column is VARCHAR(255) on every dialect; checking here means a long key is
-# refused before anything is written, instead of truncated or refused by the server.
+# Keys up to this long work; checking here means a long key is refused before anything
+# is written, instead of truncated or refused by the server.
 MAX_KEY_LENGTH = 255
 SEPARATOR = ":"
+# Rows of read holds and semaphore permits are stored under the user's key, this mark
+# and a suffix, so that all rows of one key sort together; user keys cannot contain it.
+MARK = "\x01"
 
 KeyLike = Union[str, "tuple[str | int, ...]"]
 
@@ -38,10 +50,30 @@ def make_key(key: object) -> str:
         raise ValueError("a lock key must not be empty")
     if len(text) > MAX_KEY_LENGTH:
         raise ValueError(f"a lock key has at most {MAX_KEY_LENGTH} characters, got {len(text)}")
-    if "\x00" in text:
-        raise ValueError("a lock key must not contain NUL characters")
+    if "\x00" in text or MARK in text:
+        raise ValueError("a lock key must not contain the characters U+0000 or U+0001")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"a lock key must be valid Unicode text: {exc}") from None
     return text
+
+
+def user_key(row_key: str) -> str:
+    """The user's key of a row's key (see ``MARK``)."""
+    return row_key.partition(MARK)[0]
+
+
+def is_reader_key(row_key: str) -> bool:
+    """Whether a row's key is a read hold's (see ``reader_key``)."""
+    return f"{MARK}r" in row_key
+
+
+def reader_key(key: str, owner_id: str) -> str:
+    """The row key of a read hold of ``key`` (one per process and manager)."""
+    return f"{key}{MARK}r{owner_id}"
+
+
+def permit_key(key: str, slot: int) -> str:
+    """The row key of permit slot ``slot`` of semaphore ``key``."""
+    return f"{key}{MARK}p{slot}"

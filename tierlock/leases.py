@@ -27,6 +27,7 @@ import time
 
 from .backends import LockBackend
 from .errors import LockError
+from .keys import user_key
 from .records import Hold
 from .stats import Counters
 
@@ -89,7 +90,7 @@ class Heartbeat:
                 self._start()
                 self._changed.notify()
         self._counters.add("lost_holds")
-        logger.warning("lock %r (token %d) was lost: %s", hold.key, hold.token, why)
+        logger.warning("lock %r (token %d) was lost: %s", user_key(hold.key), hold.token, why)
         if sweep:
             self._backend.discard(hold.key, hold.owner_id, certain=True)
 

@@ -149,6 +149,11 @@ class Registry(Generic[H, R]):
         entry = self._entries.get(key)
         return entry is not None and entry.kept
 
+    def depth(self, key: str) -> int:
+        """How many times the calling thread holds ``key`` (0: not at all)."""
+        entry = self._thread().claimed.get(key)
+        return 0 if entry is None else entry.depth
+
     def reenter(self, key: str) -> bool:
         """Count one more acquisition if the calling thread already holds ``key``."""
         entry = self._thread().claimed.get(key)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import LockError, LockTimeout
 from .keys import KeyLike, make_key
@@ -15,9 +16,11 @@ if TYPE_CHECKING:
     from .manager import LockManager
     from .tiers import OnLost
 
-__all__ = ["Lock", "callback", "flag", "seconds"]
+__all__ = ["Handle", "Lock", "callback", "flag", "seconds"]
 
 logger = logging.getLogger(__name__)
+
+H = TypeVar("H", bound="Handle")
 
 
 def seconds(name: str, value: object, *, none_ok: bool = False, zero_ok: bool = False) -> Any:
@@ -76,21 +79,9 @@ def _check_representable(timeout: object) -> None:
         raise OverflowError("timeout value is too large")
 
 
-class Lock:
-    """A handle on one key of a :class:`LockManager`; cheap, and may be shared by threads.
-
-    It behaves like ``threading.RLock`` across threads, processes and hosts::
-
-        lock = locks.lock("user:42")
-        if lock.acquire(timeout=2):
-            try:
-                ...                      # lock.token fences writes made here
-            finally:
-                lock.release()
-
-    What a thread holds is tracked per manager and key, not per handle: two handles
-    on the same key are one lock.
-    """
+class Handle(abc.ABC):
+    """What every handle on a key has: its options, ``with``, and the checks of the
+    arguments of ``acquire``; the kinds of hold are its subclasses."""
 
     __slots__ = ("__weakref__", "_key", "_manager", "_on_lost", "_renew", "_timeout", "_ttl")
 
@@ -126,6 +117,62 @@ class Lock:
         """Whether the holds taken through this handle have their leases renewed."""
         return self._manager.renew if self._renew is None else self._renew
 
+    def _options(self, blocking: bool, timeout: float | None) -> tuple[OnLost | None, float | None]:
+        """``on_lost`` for a hold taken now, and the seconds ``acquire`` may wait."""
+        wait = _wait_time(blocking, timeout)
+        return self._manager.on_lost if self._on_lost is None else self._on_lost, wait
+
+    @abc.abstractmethod
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
+
+    @abc.abstractmethod
+    def release(self) -> None: ...
+
+    def __enter__(self: H) -> H:
+        if not self.acquire(timeout=self._timeout):
+            raise LockTimeout(self._key, self._timeout or 0.0)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except LockError as release_error:
+            # Do not hide the body's exception behind the release's.
+            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
+
+    def _repr(self, held: bool) -> str:
+        # From tier 1 alone: a repr must not query the database.
+        state = "locked" if held else "unlocked"
+        name = type(self).__name__
+        return f"<{state} tierlock.{name} object key={self._key!r} at {id(self):#x}>"
+
+
+class Lock(Handle):
+    """A handle on one key of a :class:`LockManager`; cheap, and may be shared by threads.
+
+    It behaves like ``threading.RLock`` across threads, processes and hosts::
+
+        lock = locks.lock("user:42")
+        if lock.acquire(timeout=2):
+            try:
+                ...                      # lock.token fences writes made here
+            finally:
+                lock.release()
+
+    What a thread holds is tracked per manager and key, not per handle: two handles
+    on the same key are one lock.
+    """
+
+    __slots__ = ()
+
     def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
         """Acquire the lock, with ``threading.RLock.acquire``'s arguments and rules.
 
@@ -138,9 +185,9 @@ class Lock:
             event loop (whose coroutines would all share its hold).
         :raises BackendError: the database failed.
         """
-        wait = _wait_time(blocking, timeout)
+        on_lost, wait = self._options(blocking, timeout)
         manager = self._manager
-        on_lost = manager.on_lost if self._on_lost is None else self._on_lost
+        manager._reads.refuse_upgrade(self._key)
         return manager._tiers.acquire(self._key, self.ttl, self.renew, on_lost, wait)
 
     def release(self) -> None:
@@ -151,7 +198,9 @@ class Lock:
             reaped or taken over, or it was force-released). The lock is released
             locally all the same.
         """
-        self._manager._tiers.release(self._key)
+        manager = self._manager
+        if not manager._reads.downgrade(self._key):
+            manager._tiers.release(self._key)
 
     def extend(self, ttl: float | None = None) -> None:
         """Push the calling thread's lease to now + ``ttl`` by the database's clock.
@@ -187,27 +236,5 @@ class Lock:
         """
         return self._manager._tiers.token(self._key)
 
-    def __enter__(self) -> Lock:
-        if not self.acquire(timeout=self._timeout):
-            raise LockTimeout(self._key, self._timeout or 0.0)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.release()
-            return
-        try:
-            self.release()
-        except LockError as release_error:
-            # Do not hide the body's exception behind the release's.
-            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
-
     def __repr__(self) -> str:
-        # From tier 1 alone: a repr must not query the database.
-        state = "locked" if self._manager._tiers.registry.is_held(self._key) else "unlocked"
-        return f"<{state} tierlock.Lock object key={self._key!r} at {id(self):#x}>"
+        return self._repr(self._manager._tiers.registry.is_held(self._key))

@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends import LockBackend, open_backend
 from .cohorts import released
+from .handles import ReadLock, Semaphore
 from .keys import KeyLike, make_key
 from .lock import Lock, callback, flag, seconds
+from .permits import Permits
+from .reading import Readers
 from .reaper import Reaper
 from .records import LockInfo
 from .stats import Counters, LockStats
@@ -134,6 +137,8 @@ class LockManager:
         self._tiers = Tiers(
             self._backend, self._counters, poll_interval=self.poll_interval, idle=self.ttl / 3
         )
+        self._reads = Readers(self._tiers)
+        self._permits = Permits(self._tiers)
         self._reaper = Reaper(self.reap)
         _managers.add(self)
         if reaper_interval is not None:
@@ -164,6 +169,50 @@ class LockManager:
         """
         self._tiers.check_open()
         return Lock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def write_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> Lock:
+        """The same as :meth:`lock`: the write hold of ``key`` excludes every other hold."""
+        return self.lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def read_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> ReadLock:
+        """A handle on the read hold of ``key``, shared with every other reader of it and
+        excluded by its write hold; see :class:`ReadLock`. Options as for :meth:`lock`."""
+        self._tiers.check_open()
+        return ReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def semaphore(
+        self,
+        key: KeyLike,
+        permits: int,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> Semaphore:
+        """A handle on semaphore ``key``: at most ``permits`` holds of it at once, anywhere;
+        see :class:`Semaphore`. Options as for :meth:`lock`.
+
+        :raises ValueError: ``permits`` is not between 1 and 10,000.
+        """
+        self._tiers.check_open()
+        return Semaphore(self, key, permits, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def synchronized(
         self,
@@ -276,6 +325,8 @@ class LockManager:
         expire with their leases, and their ``release()`` raises ``LockError``.
         """
         self._tiers.close()
+        self._reads.close()
+        self._permits.close()
         self._reaper.stop()
         self._backend.close()
 
@@ -288,5 +339,7 @@ class LockManager:
     def _after_fork(self) -> None:
         self._counters.reset()
         self._tiers.after_fork()
+        self._reads.reset()
+        self._permits.reset()
         self._reaper.forget()
         self._backend.after_fork()

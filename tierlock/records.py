@@ -177,7 +177,8 @@ class LockInfo:
     database's clock; ``expired`` says whether, by that clock, the lease had ended
     when the row was read (such a row no longer counts as held). ``lease`` is what the
     holder's heartbeat renews the row by (``None``: a fixed lease); ``host_id`` and
-    ``process_start`` identify the holder process (see ``tierlock.process``). After
+    ``process_start`` identify the holder process (see ``tierlock.process``). ``mode``
+    is ``"exclusive"``, ``"shared"`` (a read hold) or ``"permit"`` (a semaphore's). After
     hand-offs between threads of the holder process, ``thread_id``, ``thread_name``
     and ``token`` name the current holder within one heartbeat.
     """
@@ -195,3 +196,4 @@ class LockInfo:
     lease: float | None = None
     host_id: str | None = None
     process_start: int | None = None
+    mode: str = "exclusive"

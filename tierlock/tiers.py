@@ -92,6 +92,19 @@ class Tiers:
         if self.closed:
             raise LockError("this LockManager is closed", key)
 
+    def check_thread(self, key: str) -> None:
+        """Refuse an acquire when the manager is closed, or in an event loop's thread."""
+        self.check_open(key)
+        if asyncio._get_running_loop() is not None:
+            # Coroutines of one loop share its thread, so a thread-owned lock would
+            # let them all in at once, and a wait would stall the loop.
+            raise LockError(
+                "tierlock's locks belong to threads and cannot be acquired in a thread "
+                "that runs an asyncio event loop; call it from a worker thread "
+                "(asyncio.to_thread) until tierlock's asyncio API is available",
+                key,
+            )
+
     # -- what a thread holds -------------------------------------------------------
 
     def owned(self, key: str) -> bool:
@@ -108,16 +121,7 @@ class Tiers:
     def acquire(
         self, key: str, ttl: float, renew: bool, on_lost: OnLost | None, wait: float | None
     ) -> bool:
-        self.check_open(key)
-        if asyncio._get_running_loop() is not None:
-            # Coroutines of one loop share its thread, so a thread-owned lock would
-            # let them all in at once, and a wait would stall the loop.
-            raise LockError(
-                "tierlock.Lock belongs to threads and cannot be acquired in a thread that "
-                "runs an asyncio event loop; call it from a worker thread "
-                "(asyncio.to_thread) until tierlock's asyncio API is available",
-                key,
-            )
+        self.check_thread(key)
         registry = self.registry
         called = time.monotonic() if self.counters.observers else 0.0  # (timed for metrics)
         if registry.reenter(key):

@@ -10,7 +10,7 @@ import abc
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..records import LockInfo, Owner
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from ..stats import Counters
 
-__all__ = ["Doorbell", "LockBackend", "open_backend"]
+__all__ = ["Doorbell", "LockBackend", "Share", "SharedHolds", "open_backend"]
 
 
 class LockBackend(abc.ABC):
@@ -31,6 +31,9 @@ class LockBackend(abc.ABC):
 
     #: Where the locks live, as a URL with any password hidden.
     location: str
+
+    #: Read holds and semaphore permits, if the backend has them.
+    shared: SharedHolds | None = None
 
     @abc.abstractmethod
     def try_acquire(
@@ -142,6 +145,74 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release what the backend opened."""
+
+
+class Share(NamedTuple):
+    """A process's read hold of a key: its fencing token, and the group it joined."""
+
+    token: int
+    group: int
+
+
+class SharedHolds(abc.ABC):
+    """Read holds and semaphore permits: a backend's capability (``LockBackend.shared``).
+
+    A process has at most one read hold of a key per manager, which its reading threads
+    share (tier 1 counts them). A permit is a hold of a slot key of its own, released,
+    extended and renewed as any hold of that key.
+    """
+
+    @abc.abstractmethod
+    def try_share(
+        self, key: str, owner: Owner, ttl: float, lease: float | None, limit: float | None
+    ) -> Share | None:
+        """Take a read hold of ``key`` for ``owner`` as ``try_acquire`` takes a hold;
+        ``None`` while a writer holds the key or waits for it."""
+
+    @abc.abstractmethod
+    def unshare(self, key: str, owner_id: str, group: int, live_until: float) -> bool:
+        """End a read hold; ``False`` if it was no longer ``owner_id``'s."""
+
+    @abc.abstractmethod
+    def still_open(self, key: str, group: int) -> bool:
+        """Whether ``group`` still takes readers (no writer waits for the key)."""
+
+    @abc.abstractmethod
+    def downgrade(
+        self, key: str, owner_id: str, reader: Owner, ttl: float, lease: float | None
+    ) -> Share | None:
+        """Turn ``owner_id``'s exclusive hold of ``key`` into a read hold of
+        ``reader``'s, with no moment in which the key is free; ``None`` if the hold was
+        no longer ``owner_id``'s."""
+
+    @abc.abstractmethod
+    def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
+        """``LockBackend.extend`` for a read hold of ``key``."""
+
+    @abc.abstractmethod
+    def read_blocked(self, key: str) -> bool:
+        """Whether a read hold of ``key`` would have to wait now: a writer holds the
+        key (with an unexpired lease) or waits for it."""
+
+    @abc.abstractmethod
+    def permits_taken(self, key: str) -> int:
+        """How many permits of semaphore ``key`` are held (with unexpired leases)."""
+
+    @abc.abstractmethod
+    def try_permit(
+        self,
+        key: str,
+        permits: int,
+        owner: Owner,
+        ttl: float,
+        lease: float | None,
+        limit: float | None,
+    ) -> tuple[str, int] | None:
+        """Take one of ``key``'s ``permits``: the slot key it is held under and its
+        fencing token, or ``None`` if all are held.
+
+        :raises ValueError: a holder of the key counts another number of permits.
+        """
 
 
 class Doorbell:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar, cast
 
 from ..errors import LockError
+from ..handles import ReadLock, Semaphore
 from ..keys import KeyLike
 from ..lock import Lock
 from ..manager import LockManager
@@ -134,6 +135,46 @@ class LazyLockManager(abc.ABC):
     ) -> Lock:
         """``LockManager.lock``."""
         return self.manager.lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def write_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> Lock:
+        """``LockManager.write_lock``: this object's ``lock()``."""
+        return self.lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def read_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> ReadLock:
+        """``LockManager.read_lock``."""
+        return self.manager.read_lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def semaphore(
+        self,
+        key: KeyLike,
+        permits: int,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> Semaphore:
+        """``LockManager.semaphore``."""
+        manager = self.manager
+        return manager.semaphore(
+            key, permits, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+        )
 
     def synchronized(
         self,

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, Text, create_engine
 from sqlalchemy.dialects import mysql
 
-from ..backends.sql.table import LockKeyType
+from ..backends.sql.columns import LockKeyType
 from ..manager import LockManager
 
 __all__ = ["Outcome", "Results"]

@@ -38,7 +38,7 @@ class CommandTests(TransactionTestCase):  # type: ignore[misc]
         listed = run_manage("tierlock", "ls", COLUMNS="200")
         assert listed.returncode == 0, listed.stderr
         assert f"1 lock(s) in tierlock_locks at {self.where}" in listed.stdout
-        row = rf"cmd:held[ │]+\d+[ │]+\S+[ │]+{os.getpid()}[ │]+MainThread[ │]"
+        row = rf"cmd:held[ │]+exclusive[ │]+\d+[ │]+\S+[ │]+{os.getpid()}[ │]+MainThread[ │]"
         assert re.search(row, listed.stdout), listed.stdout
         as_json = run_manage("tierlock", "ls", "--json")
         assert as_json.returncode == 0, as_json.stderr

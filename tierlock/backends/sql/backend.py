@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
+from ...keys import MARK, is_reader_key, user_key
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
@@ -21,15 +22,19 @@ from .engine import (
     PAUSED_FOR_FORKS,
     SQLITE_BUSY_SLICE,
     SQLITE_LEAST_BUSY_WAIT,
+    dedicated_connection,
     engine_for_url,
     pause_forks_for,
     usable_engine,
 )
+from .link import Link
 from .notify import channel_name
 from .queries import Queries
-from .rows import listed_params, row_info
-from .running import SPARE_CONNECTIONS, Link, Runner
+from .rows import insert_params, listed_params, row_info
+from .running import SPARE_CONNECTIONS, Runner
 from .schema import prepare_table
+from .shared import SharedQueries, SharedStatements
+from .sharing import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
 from .table import (
     MAX_ROW_HANDOFFS,
@@ -90,7 +95,7 @@ class SQLBackend(LockBackend):
             self._engine.url,
             self.table.name,
             channel,
-            self._dedicated_connection,
+            functools.partial(dedicated_connection, self._engine),
             counters,
         )
         self._runner = Runner(
@@ -101,11 +106,16 @@ class SQLBackend(LockBackend):
             watchdog=self._watchdog,
             spares=SPARE_CONNECTIONS if self._owns_engine else 0,
         )
-        self._run = self._runner.run
+        self._run = self.run = self._runner.run
         self._sweeper = Sweeper(self._sweep)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._engine.dialect)
-        self._takeover = Takeover(self.queries, counters)
+        shared = SharedStatements(self.table, self.dialect_name, channel)
+        self._shared_queries = SharedQueries(shared, self._engine.dialect)
+        self.shared: SQLSharedHolds = SQLSharedHolds(self, self._shared_queries)
+        self.takeover = self._takeover = Takeover(
+            self.queries, counters, self.shared.steps.writer_waits
+        )
         if self.dialect_name == "sqlite":
             pause_forks_for(self._runner.gate)
         gate = self._runner.gate
@@ -122,14 +132,24 @@ class SQLBackend(LockBackend):
 
     # -- holds -------------------------------------------------------------------
 
-    def _insert(self, link: Link, params: dict[str, Any]) -> int | None:
+    def insert_row(self, link: Link, params: dict[str, Any]) -> int | None:
+        """Insert a row if its key is free (``insert_params``); its token, or ``None``."""
         result = link.execute(self.queries.insert_if_absent, params)
         if self.sql.returns_token:
             token: int | None = result.rows[0][0] if result.rows else None
         else:
             token = result.lastrowid if result.rowcount == 1 else None
         self.counters.add("insert_conflicts" if token is None else "inserts")
+        return token
+
+    def _insert(self, link: Link, params: dict[str, Any]) -> int | None:
+        token = self.insert_row(link, params)
         return None if token is None else fencing_token(token, 0)
+
+    def limit_busy_wait(self, link: Link, limit: float | None) -> None:
+        """SQLite: let the next try wait no longer than ``limit`` for the write lock."""
+        if self.dialect_name == "sqlite" and limit is not None and limit < SQLITE_BUSY_SLICE:
+            link.limit_busy_wait(max(limit, SQLITE_LEAST_BUSY_WAIT))
 
     def _owned_token(self, link: Link, key: str, owner_id: str) -> int | None:
         """Our fencing token if ``owner_id`` holds ``key``: what an ambiguous try did."""
@@ -144,22 +164,8 @@ class SQLBackend(LockBackend):
         lease: float | None = None,
         limit: float | None = None,
     ) -> int | None:
-        params = {
-            "key": key,
-            "owner": owner.owner_id,
-            "host_name": owner.host,
-            "host_identity": owner.host_id,
-            "proc": owner.pid,
-            "proc_started": owner.proc_start,
-            "thread": owner.thread_id,
-            "thread_label": owner.thread_name,
-            "ttl": ttl,
-            "lease": lease,
-        }
+        params = {**insert_params(owner, ttl, lease), "key": key}
         queries = self.queries
-        busy_wait = None
-        if self.dialect_name == "sqlite" and limit is not None and limit < SQLITE_BUSY_SLICE:
-            busy_wait = max(limit, SQLITE_LEAST_BUSY_WAIT)
 
         def attempt(link: Link, uncertain: bool) -> int | None:
             if uncertain:
@@ -167,10 +173,9 @@ class SQLBackend(LockBackend):
                 token = self._owned_token(link, key, owner.owner_id)
                 if token is not None:
                     return token
-            if busy_wait is not None:
-                link.limit_busy_wait(busy_wait)
+            self.limit_busy_wait(link, limit)
             token = self._insert(link, params)
-            if token is None and self._takeover.free_held_row(link, key):
+            if token is None and self._takeover.free_held_row(link, key, wait=limit):
                 token = self._insert(link, params)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
@@ -198,7 +203,7 @@ class SQLBackend(LockBackend):
 
         released: bool = self._run("release", key, attempt)
         if released:
-            self._wakeups.released(key)
+            self._wakeups.released(user_key(key))
         return released
 
     def handoff(
@@ -238,11 +243,16 @@ class SQLBackend(LockBackend):
     def _renew(self, link: Link, uncertain: bool, *, part: Sequence[tuple[str, str]]) -> set[str]:
         """One statement renews ``holds``; a second, only if some were not renewed,
         tells which were."""
-        query, size = self.queries.listed("renew_owned", len(part))
-        params = listed_params(part, size)
+        groups = sorted({user_key(key) for key, _ in part if MARK in key})
+        if groups:  # (readers' rows: their groups are renewed with them)
+            query, size = self._shared_queries.listed("renew_with_groups", len(part))
+            params = listed_params(part, size, groups)
+        else:
+            query, size = self.queries.listed("renew_owned", len(part))
+            params = listed_params(part, size)
         self.counters.add("heartbeats")
         owners = {owner for _, owner in part}
-        if link.execute(query, params).rowcount == len(part):
+        if link.execute(query, params).rowcount == len(part) + len(groups):
             return owners
         query, _ = self.queries.listed("select_live_owned", len(part))
         return {row[0] for row in link.execute(query, params).rows} & owners
@@ -284,14 +294,22 @@ class SQLBackend(LockBackend):
                 for session in item.sessions:
                     if link.execute(queries.session_alive, {"session": session}).rows:
                         return False
-            if link.execute(queries.delete_owned, params).rowcount:
+            if is_reader_key(item.key):  # (counted out of its group as it goes)
+                steps = self.shared.steps
+                group = steps.discard_reader(link, item.key, item.owner_id)
+                if group is not None:
+                    steps.drop_if_empty(link, user_key(item.key), group)
+                gone = group is not None
+            else:
+                gone = link.execute(queries.delete_owned, params).rowcount > 0
+            if gone:
                 logger.warning("lock %r: deleted a row its interrupted owner left", item.key)
                 deleted = True
             return True
 
         done: bool = self._run("sweep", item.key, attempt)
         if deleted:
-            self._wakeups.released(item.key)
+            self._wakeups.released(user_key(item.key))
         return done
 
     def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
@@ -326,10 +344,11 @@ class SQLBackend(LockBackend):
         )
 
     def force_release(self, key: str) -> bool:
+        params = {"key": key, "under": key + MARK, "above": key + chr(ord(MARK) + 1)}
         deleted: bool = self._run(
             "force_release",
             key,
-            lambda link, _: link.execute(self.queries.delete_key, {"key": key}).rowcount > 0,
+            lambda link, _: link.execute(self.queries.delete_key, params).rowcount > 0,
         )
         if deleted:
             self._wakeups.released(key)
@@ -337,6 +356,10 @@ class SQLBackend(LockBackend):
 
     def reap(self) -> int:
         total = 0
+        while count := self._run(
+            "reap", None, lambda link, _: self.shared.steps.reap_readers(link)
+        ):
+            total += count
         while True:
             deleted: int = self._run(
                 "reap",
@@ -348,24 +371,15 @@ class SQLBackend(LockBackend):
                 self.counters.add("reaped", total)
                 return total
 
+    def announce(self, key: str) -> None:
+        """A row of ``key`` was deleted or changed: wake pollers elsewhere."""
+        self._wakeups.released(key)
+
     def doorbell(self, key: str) -> Doorbell:
         return self._wakeups.doorbell(key)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)
-
-    def _dedicated_connection(self) -> Any:
-        """A driver connection in autocommit mode, outside the pool: for LISTEN, or
-        for a doorbell's named lock."""
-        connection = self._engine.raw_connection()
-        connection.detach()
-        driver_connection = connection.dbapi_connection
-        assert driver_connection is not None
-        if self.dialect_name == "postgresql":
-            driver_connection.autocommit = True
-        else:
-            driver_connection.autocommit(True)
-        return driver_connection
 
     def after_fork(self) -> None:
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.

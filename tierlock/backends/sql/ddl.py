@@ -10,7 +10,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
-from .table import MYSQL_FAMILY, lock_table
+from .columns import MYSQL_FAMILY
+from .table import lock_table
 
 __all__ = ["table_ddl"]
 

@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from ..gate import Gate
-from .table import MYSQL_FAMILY
+from .columns import MYSQL_FAMILY
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -176,3 +176,17 @@ def _resume_after_fork() -> None:
 
 
 os.register_at_fork(before=_pause_for_fork, after_in_parent=_resume_after_fork)
+
+
+def dedicated_connection(engine: Engine) -> Any:
+    """A driver connection in autocommit mode, outside the pool: for LISTEN, or for a
+    doorbell's named lock."""
+    connection = engine.raw_connection()
+    connection.detach()
+    driver_connection = connection.dbapi_connection
+    assert driver_connection is not None
+    if engine.dialect.name == "postgresql":
+        driver_connection.autocommit = True
+    else:
+        driver_connection.autocommit(True)
+    return driver_connection

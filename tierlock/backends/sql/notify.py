@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ...keys import user_key
 from .. import Doorbell
 
 __all__ = ["Listener", "channel_name"]
@@ -72,7 +73,8 @@ class Listener:
                     self._ring_all()  # releases before LISTEN took effect went unheard
                     while not self._stopped.is_set():
                         for notification in connection.notifies(timeout=LISTEN_SLICE):
-                            bell = self._bells.get(notification.payload)
+                            # (a read hold's or permit's row rings its key's bell)
+                            bell = self._bells.get(user_key(notification.payload))
                             if bell is not None:
                                 bell.set()
                 finally:

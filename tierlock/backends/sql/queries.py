@@ -9,6 +9,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.expression import ClauseElement
 
 if TYPE_CHECKING:
+    from .shared import SharedStatements
     from .table import Statements
 
 __all__ = ["Queries", "Query"]
@@ -44,7 +45,7 @@ class Queries:
     # The most rows one listed statement names; longer lists are sent in parts.
     MOST_LISTED = 512
 
-    def __init__(self, statements: Statements, dialect: Dialect) -> None:
+    def __init__(self, statements: Statements | SharedStatements, dialect: Dialect) -> None:
         for name, statement in vars(statements).items():
             if isinstance(statement, ClauseElement):
                 setattr(self, name, Query.compile(statement, dialect))

@@ -11,8 +11,8 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.schema import CreateColumn
 
 from ...errors import BackendError
+from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH
 from .engine import unreachable
-from .table import MYSQL_FAMILY
 
 __all__ = ["prepare_table"]
 
@@ -71,11 +71,13 @@ def _has_table(engine: Engine, table: Table) -> bool:
 
 
 def _add_missing_columns(engine: Engine, table: Table) -> None:
-    """Bring a table of an earlier version up to date: 0.1 had no ``handoffs``, and
-    0.2 none of the columns that came with renewed leases (all nullable)."""
+    """Bring a table of an earlier version up to date: 0.1 had no ``handoffs``, 0.2
+    none of the columns that came with renewed leases, 0.3 none of those of read holds
+    and semaphores (all nullable), and a key column too narrow for their rows."""
     missing = _missing(engine, table)
     if not missing:
         return
+    _widen_key(engine, table)
     # Quoted as CREATE TABLE quoted it: PostgreSQL folds a bare MixedCase to lower case.
     name = engine.dialect.identifier_preparer.format_table(table)
     for column in missing:
@@ -87,6 +89,29 @@ def _add_missing_columns(engine: Engine, table: Table) -> None:
             if column in _missing(engine, table):  # (else another process added it first)
                 raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
         logger.warning("added column %s to lock table %r", column, table.name)
+
+
+def _widen_key(engine: Engine, table: Table) -> None:
+    """Widen the key column of a table of an earlier version, which had room for a
+    user's key only (SQLite does not enforce a VARCHAR's length)."""
+    if engine.dialect.name == "sqlite":
+        return
+    columns = {column["name"]: column for column in inspect(engine).get_columns(table.name)}
+    length = getattr(columns["lock_key"]["type"], "length", None)
+    if length is None or length >= ROW_KEY_LENGTH:
+        return
+    name = engine.dialect.identifier_preparer.format_table(table)
+    spec = table.c.lock_key.type.compile(dialect=engine.dialect)
+    if engine.dialect.name == "postgresql":
+        alter = f"ALTER TABLE {name} ALTER COLUMN lock_key TYPE {spec}"
+    else:
+        alter = f"ALTER TABLE {name} MODIFY lock_key {spec} NOT NULL"
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(alter)
+    except DBAPIError as exc:
+        raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
+    logger.warning("widened column lock_key of lock table %r", table.name)
 
 
 def _missing(engine: Engine, table: Table) -> list[str]:

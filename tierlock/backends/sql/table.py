@@ -1,8 +1,9 @@
-"""The lock table, the database clock, and every SQL statement tier 2 sends.
+"""The lock table and every SQL statement of exclusive holds (those of read holds and
+permits: ``shared``).
 
 All times are taken from the database (semantic 3): ``utc_now()`` and ``utc_after()``
-compile to each dialect's own clock, so a client with a skewed clock can neither
-shorten nor stretch a lease. Timestamps are stored in UTC.
+(in ``columns``) compile to each dialect's own clock, so a client with a skewed clock
+can neither shorten nor stretch a lease. Timestamps are stored in UTC.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Column,
-    DateTime,
     Double,
     Float,
     Index,
@@ -31,21 +31,18 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import (
     ColumnElement,
     Delete,
     Executable,
-    FunctionElement,
     Select,
     Update,
 )
 
-from ...keys import MAX_KEY_LENGTH
+from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH, LockKeyType, Timestamp, utc_after, utc_now
 
-__all__ = ["Statements", "check_table_name", "lock_table"]
+__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "check_table_name", "lock_table"]
 
 # Names derived from the table name (index, constraint, sequence) must stay under
 # PostgreSQL's 63-character identifier limit.
@@ -56,13 +53,23 @@ _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # large part of the table at once.
 REAP_BATCH = 500
 
-MYSQL_FAMILY = ("mysql", "mariadb")
 
 # A fencing token is a row's number shifted left by HANDOFF_BITS plus how many times
 # the row was handed from one thread of its process to the next; handoffs per row stay
 # far below 2**HANDOFF_BITS, so tokens strictly increase across all holds of a key.
 HANDOFF_BITS = 16
 MAX_ROW_HANDOFFS = (1 << HANDOFF_BITS) - 1
+
+
+# What a row is, in its ``mode`` column: NULL for an exclusive hold; a group row holds
+# a key for its readers, each of whom has a row of its own under the key; a permit row
+# is one slot of a semaphore (see ``shared``).
+GROUP = "group"
+SHARED = "shared"
+PERMIT = "permit"
+# A group whose last reader left while a writer waited becomes a reservation: readers
+# keep out, and a writer deletes it and inserts its own row.
+RESERVED = "reserved"
 
 
 def fencing_token(token: int, handoffs: int) -> int:
@@ -80,35 +87,6 @@ def check_table_name(name: object) -> str:
     return name
 
 
-class LockKeyType(String):
-    """VARCHAR(255) that compares keys exactly: case, trailing spaces, all of Unicode."""
-
-    cache_ok = True
-
-    def __init__(self) -> None:
-        super().__init__(MAX_KEY_LENGTH)
-
-
-@compiles(LockKeyType, "mysql")
-@compiles(LockKeyType, "mariadb")
-def _key_type_mysql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
-    # utf8mb4_bin is a PAD SPACE collation: 'a' and 'a ' would collide in the unique
-    # index. MariaDB's utf8mb4_nopad_bin and MySQL 8's utf8mb4_0900_bin do not pad.
-    is_mariadb = getattr(compiler.dialect, "is_mariadb", False)
-    collation = "utf8mb4_nopad_bin" if is_mariadb else "utf8mb4_0900_bin"
-    return f"VARCHAR({MAX_KEY_LENGTH}) CHARACTER SET utf8mb4 COLLATE {collation}"
-
-
-@compiles(LockKeyType, "postgresql")
-def _key_type_postgresql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
-    # The "C" collation compares bytes: exact, and the cheapest for a unique index.
-    return f'VARCHAR({MAX_KEY_LENGTH}) COLLATE "C"'
-
-
-# DATETIME(6) on MySQL/MariaDB keeps microseconds; PostgreSQL's timestamptz does already.
-Timestamp = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_FAMILY)
-
-
 def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     """The lock table. ``token`` is an ever-increasing identity, the base of the
     fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
@@ -119,7 +97,11 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     a table of an earlier version gains them in place: ``lease`` is what the holder's
     heartbeat renews the row by (``NULL``: a fixed lease), and ``host_id`` and
     ``proc_start`` identify the holder process well enough to prove it gone (see
-    ``tierlock.process``)."""
+    ``tierlock.process``).
+
+    The last five came with read holds and semaphores (see ``shared``): ``mode`` is
+    ``NULL`` for an exclusive hold, else one of ``MODES``; ``members``, ``waiting`` and
+    ``permits`` belong to a group row and to permit rows, ``parent`` to a reader's row."""
     return Table(
         name,
         metadata if metadata is not None else MetaData(),
@@ -129,7 +111,7 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
             primary_key=True,
             autoincrement=True,
         ),
-        Column("lock_key", LockKeyType(), nullable=False),
+        Column("lock_key", LockKeyType(ROW_KEY_LENGTH), nullable=False),
         Column("handoffs", Integer, nullable=False, server_default=text("0")),
         Column("owner_id", String(32), nullable=False),
         Column("host", String(255), nullable=False),
@@ -141,6 +123,11 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
         Column("lease", Double),
         Column("host_id", String(64)),
         Column("proc_start", BigInteger),
+        Column("mode", String(8)),
+        Column("members", Integer),
+        Column("waiting", Timestamp),
+        Column("permits", Integer),
+        Column("parent", BigInteger),
         UniqueConstraint("lock_key", name=f"uq_{name}_lock_key"),
         Index(f"ix_{name}_expires_at", "expires_at"),
         sqlite_autoincrement=True,
@@ -150,60 +137,6 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
         mariadb_engine="InnoDB",
         mariadb_charset="utf8mb4",
     )
-
-
-class utc_now(FunctionElement[Any]):
-    """The database's current UTC time."""
-
-    type = Timestamp
-    inherit_cache = True
-
-
-class utc_after(FunctionElement[Any]):
-    """The database's current UTC time plus a number of seconds."""
-
-    type = Timestamp
-    inherit_cache = True
-
-
-# SQLite's strftime gives milliseconds; three zeros make a six-digit fraction, the
-# form SQLAlchemy reads back, and keep stored values comparable as text.
-_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{}) || '000'"
-
-
-@compiles(utc_now, "sqlite")
-def _now_sqlite(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return _SQLITE_NOW.format("")
-
-
-@compiles(utc_after, "sqlite")
-def _after_sqlite(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
-    seconds = compiler.process(element.clauses, **kw)
-    return _SQLITE_NOW.format(f", printf('%+.3f seconds', {seconds})")
-
-
-@compiles(utc_now, "mysql")
-@compiles(utc_now, "mariadb")
-def _now_mysql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "UTC_TIMESTAMP(6)"
-
-
-@compiles(utc_after, "mysql")
-@compiles(utc_after, "mariadb")
-def _after_mysql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
-    seconds = compiler.process(element.clauses, **kw)
-    return f"UTC_TIMESTAMP(6) + INTERVAL ROUND({seconds} * 1000000) MICROSECOND"
-
-
-@compiles(utc_now, "postgresql")
-def _now_postgresql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "statement_timestamp()"
-
-
-@compiles(utc_after, "postgresql")
-def _after_postgresql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
-    seconds = compiler.process(element.clauses, **kw)
-    return f"statement_timestamp() + make_interval(secs => {seconds})"
 
 
 def _expired(table: Table) -> ColumnElement[bool]:
@@ -247,6 +180,10 @@ class Statements:
             "lease": bindparam("lease", type_=Float),
             "host_id": bindparam("host_identity"),
             "proc_start": bindparam("proc_started", type_=BigInteger),
+            "mode": bindparam("mode", type_=String),
+            "members": bindparam("members", type_=Integer),
+            "permits": bindparam("permits", type_=Integer),
+            "parent": bindparam("parent", type_=BigInteger),
         }
         # The token is drawn from the sequence before the server checks the unique key,
         # so a second insert of the key must not be able to draw, win, and release in
@@ -284,7 +221,7 @@ class Statements:
         # select_holder(key): the holder's row (its token, and who and where it is) with
         # the database's verdict on its lease; no row if the key is free.
         self.select_holder = select(
-            c.token, c.host_id, c.pid, c.proc_start, _expired(table).label("expired")
+            c.token, c.host_id, c.pid, c.proc_start, c.mode, _expired(table).label("expired")
         ).where(key_is)
 
         # delete_expired_row(key, row): 1 row if that row of the key was removed because
@@ -342,12 +279,18 @@ class Statements:
         self.select_owned_token = select(c.token, c.handoffs).where(owned)
 
         # select_live(key): a row if the key has an unexpired hold.
-        self.select_live = select(c.token).where(key_is & ~_expired(table))
+        self.select_live = select(c.token).where(
+            key_is & ~_expired(table) & _mode_is_not(table, RESERVED)
+        )
 
         # select_info(key) / select_all(): rows with the database's verdict on expiry.
+        # (A group row stands for its readers, whose own rows select_all lists.)
         columns = [*table.c, _expired(table).label("expired")]
-        self.select_info: Select[Any] = select(*columns).where(key_is)
-        self.select_all: Select[Any] = select(*columns).order_by(c.lock_key)
+        self.select_info: Select[Any] = select(*columns).where(
+            key_is & _mode_is_not(table, RESERVED)
+        )
+        holds = _mode_is_not(table, GROUP) & _mode_is_not(table, RESERVED)
+        self.select_all: Select[Any] = select(*columns).where(holds).order_by(c.lock_key)
 
         # session_alive(session): a row while the server session with this id (MySQL's
         # connection id, PostgreSQL's backend pid) exists; SQLite has no sessions.
@@ -355,20 +298,23 @@ class Statements:
             bindparam("session", type_=BigInteger)
         )
 
-        # delete_key(key): 1 row if the key had a hold, whoever's; 0 rows if free.
-        self.delete_key = delete(table).where(key_is)
+        # delete_key(key, under, above): the rows of the key's holds, whoever's: its
+        # own row and the rows of its readers and permits (keys between under and above).
+        self.delete_key = delete(table).where(key_is | _between(table))
 
         # delete_expired_batch(): up to REAP_BATCH expired rows; fewer means none are left.
+        # A reader's row is left out: it must go with its group's count (see shared).
+        reapable = _expired(table) & _mode_is_not(table, SHARED)
         self.delete_expired_batch: Delete
         if dialect_name in MYSQL_FAMILY:
             # MySQL forbids a subquery on the table being deleted from, but has LIMIT.
             self.delete_expired_batch = (
                 delete(table)
-                .where(_expired(table))
+                .where(reapable)
                 .with_dialect_options(**{f"{dialect_name}_limit": REAP_BATCH})
             )
         else:
-            batch = select(c.token).where(_expired(table)).limit(REAP_BATCH)
+            batch = select(c.token).where(reapable).limit(REAP_BATCH)
             self.delete_expired_batch = delete(table).where(c.token.in_(batch.scalar_subquery()))
 
     # The heartbeat names the rows it renews: a statement for ``size`` rows binds keys
@@ -391,6 +337,15 @@ class Statements:
         return select(self._table.c.owner_id).where(
             _listed(self._table, size) & ~_expired(self._table)
         )
+
+
+def _mode_is_not(table: Table, mode: str) -> ColumnElement[bool]:
+    return table.c.mode.is_(None) | (table.c.mode != mode)
+
+
+def _between(table: Table) -> ColumnElement[bool]:
+    """Keys strictly between the parameters ``under`` and ``above``."""
+    return (table.c.lock_key > bindparam("under")) & (table.c.lock_key < bindparam("above"))
 
 
 def _listed(table: Table, size: int) -> ColumnElement[bool]:

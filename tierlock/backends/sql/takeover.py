@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ... import process
 from ...stats import Counters
+from .link import Link
 from .queries import Queries
-from .running import Link
+from .table import GROUP, RESERVED
 
 __all__ = ["Takeover"]
 
@@ -32,9 +34,17 @@ REMEMBERED_KEYS = 4096
 class Takeover:
     """Frees held rows whose holders are gone; see the module docstring."""
 
-    def __init__(self, queries: Queries, counters: Counters) -> None:
+    def __init__(
+        self,
+        queries: Queries,
+        counters: Counters,
+        writer_waits: Callable[[Link, str, int, float | None], bool],
+    ) -> None:
+        """``writer_waits(link, key, group, wait)``: for a writer that found the key held
+        by the readers of group ``group`` (see ``sharing``); ``True`` if they are gone."""
         self._queries = queries
         self._counters = counters
+        self._writer_waits = writer_waits
         # Until when each key's holder counts as alive (time.monotonic()).
         self._alive_until: dict[str, float] = {}
 
@@ -42,10 +52,13 @@ class Takeover:
         """``key`` was won by this process: its last holder is no longer news."""
         self._alive_until.pop(key, None)
 
-    def free_held_row(self, link: Link, key: str) -> bool:
+    def free_held_row(
+        self, link: Link, key: str, *, writer: bool = True, wait: float | None = None
+    ) -> bool:
         """Delete the row holding ``key`` if its lease has ended or its holder process
         is proven gone; ``True`` if it did (or the row is gone), so the caller inserts
-        again."""
+        again. ``writer``: the caller wants an exclusive hold (else a read hold), and
+        will keep trying for ``wait`` seconds (``None``: until it gets it)."""
         now = time.monotonic()
         if now < self._alive_until.get(key, now):
             return False
@@ -54,12 +67,26 @@ class Takeover:
             return True  # released since the insert: try again at once
         row = rows[0]
         params = {"key": key, "row": row["token"]}
+        if row["mode"] == RESERVED:  # (for writers, by a group whose readers left)
+            if (writer or row["expired"]) and link.execute(
+                self._queries.delete_row, params
+            ).rowcount:
+                return True
+            self._remember(key, now)
+            return False
         if row["expired"]:
             if not link.execute(self._queries.delete_expired_row, params).rowcount:
                 return False  # renewed or taken meanwhile
             logger.warning("lock %r: took over a hold whose lease had ended", key)
             self._counters.add("takeovers")
             return True
+        if row["mode"] == GROUP:
+            # Readers hold it, whoever founded the group: a writer waits for them (its
+            # mark keeps new readers out for longer than the memory lasts).
+            if writer and self._writer_waits(link, key, row["token"], wait):
+                return True
+            self._remember(key, now)
+            return False
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
             self._remember(key, now)
             return False

@@ -13,9 +13,9 @@ from sqlalchemy.engine import URL
 from ...stats import Counters
 from .. import Doorbell
 from .bells import Bells
+from .columns import MYSQL_FAMILY
 from .fifos import FifoBells
 from .notify import Listener
-from .table import MYSQL_FAMILY
 
 __all__ = ["WakeUps"]
 

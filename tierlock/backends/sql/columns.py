@@ -1,0 +1,130 @@
+"""Column types and the database's clock, compiled for each dialect: keys compared
+exactly, timestamps in UTC with microseconds, and times that the database, not the
+client, tells (semantic 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import DateTime, String
+from sqlalchemy.dialects import mysql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
+from sqlalchemy.sql.expression import FunctionElement
+
+from ...keys import MAX_KEY_LENGTH
+
+__all__ = [
+    "MYSQL_FAMILY",
+    "ROW_KEY_LENGTH",
+    "LockKeyType",
+    "Timestamp",
+    "larger",
+    "utc_after",
+    "utc_now",
+]
+
+MYSQL_FAMILY = ("mysql", "mariadb")
+
+# The lock table's key column is wider than a user's key: read holds and permits are
+# rows under the key, a mark and a suffix (see ``tierlock.keys.MARK``).
+ROW_KEY_LENGTH = 300
+
+
+class LockKeyType(String):
+    """VARCHAR that compares keys exactly: case, trailing spaces, all of Unicode."""
+
+    cache_ok = True
+
+    def __init__(self, length: int = MAX_KEY_LENGTH) -> None:
+        super().__init__(length)
+
+
+@compiles(LockKeyType, "mysql")
+@compiles(LockKeyType, "mariadb")
+def _key_type_mysql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
+    # utf8mb4_bin is a PAD SPACE collation: 'a' and 'a ' would collide in the unique
+    # index. MariaDB's utf8mb4_nopad_bin and MySQL 8's utf8mb4_0900_bin do not pad.
+    is_mariadb = getattr(compiler.dialect, "is_mariadb", False)
+    collation = "utf8mb4_nopad_bin" if is_mariadb else "utf8mb4_0900_bin"
+    return f"VARCHAR({type_.length}) CHARACTER SET utf8mb4 COLLATE {collation}"
+
+
+@compiles(LockKeyType, "postgresql")
+def _key_type_postgresql(type_: LockKeyType, compiler: TypeCompiler, **kw: Any) -> str:
+    # The "C" collation compares bytes: exact, and the cheapest for a unique index.
+    return f'VARCHAR({type_.length}) COLLATE "C"'
+
+
+# DATETIME(6) on MySQL/MariaDB keeps microseconds; PostgreSQL's timestamptz does already.
+Timestamp = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *MYSQL_FAMILY)
+
+
+class utc_now(FunctionElement[Any]):
+    """The database's current UTC time."""
+
+    type = Timestamp
+    inherit_cache = True
+
+
+class utc_after(FunctionElement[Any]):
+    """The database's current UTC time plus a number of seconds."""
+
+    type = Timestamp
+    inherit_cache = True
+
+
+# SQLite's strftime gives milliseconds; three zeros make a six-digit fraction, the
+# form SQLAlchemy reads back, and keep stored values comparable as text.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now'{}) || '000'"
+
+
+@compiles(utc_now, "sqlite")
+def _now_sqlite(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return _SQLITE_NOW.format("")
+
+
+@compiles(utc_after, "sqlite")
+def _after_sqlite(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return _SQLITE_NOW.format(f", printf('%+.3f seconds', {seconds})")
+
+
+@compiles(utc_now, "mysql")
+@compiles(utc_now, "mariadb")
+def _now_mysql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(utc_after, "mysql")
+@compiles(utc_after, "mariadb")
+def _after_mysql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"UTC_TIMESTAMP(6) + INTERVAL ROUND({seconds} * 1000000) MICROSECOND"
+
+
+@compiles(utc_now, "postgresql")
+def _now_postgresql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "statement_timestamp()"
+
+
+@compiles(utc_after, "postgresql")
+def _after_postgresql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"statement_timestamp() + make_interval(secs => {seconds})"
+
+
+class larger(FunctionElement[Any]):
+    """The larger of two values."""
+
+    inherit_cache = True
+
+
+@compiles(larger)
+def _larger(element: larger, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"greatest({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(larger, "sqlite")
+def _larger_sqlite(element: larger, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"

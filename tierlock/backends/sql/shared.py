@@ -1,0 +1,182 @@
+"""The statements of read holds and permits, for ``sharing``, which says how they work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Table,
+    bindparam,
+    delete,
+    func,
+    literal,
+    null,
+    select,
+    update,
+)
+from sqlalchemy.sql.expression import ColumnElement, Delete, Update
+
+from .columns import larger, utc_after, utc_now
+from .queries import Queries, Query
+from .table import GROUP, RESERVED, SHARED, _between, _expired, _listed
+
+__all__ = ["SharedQueries", "SharedStatements"]
+
+
+class SharedStatements:
+    """The statements of read holds and permits (parameters as in ``Statements``, plus
+    ``group`` (a group row's token), ``wait`` (seconds), ``under``/``above`` (a range of
+    keys))."""
+
+    def __init__(self, table: Table, dialect_name: str, channel: str | None) -> None:
+        self._table = table
+        c = table.c
+        ttl = bindparam("ttl", type_=Float)
+        key_is = c.lock_key == bindparam("key")
+        group_is = key_is & (c.mode == GROUP)
+        open_group = (c.waiting.is_(None)) | (c.waiting <= utc_now())
+        this_group = key_is & (c.token == bindparam("group", type_=BigInteger))
+
+        # join_group(key, ttl): 1 row if an open, live group of the key now counts one
+        # more member and lasts at least ttl from now (PostgreSQL: its token returned).
+        join = (
+            update(table)
+            .where(group_is & ~_expired(table) & open_group)
+            .values(
+                members=c.members + 1,
+                lease=larger(c.lease, ttl),
+                expires_at=larger(c.expires_at, utc_after(ttl)),
+            )
+        )
+        self.join_group = join.returning(c.token) if dialect_name == "postgresql" else join
+
+        # select_group(key): the token of the key's group row, if it has one.
+        self.select_group = select(c.token).where(group_is)
+
+        # group_open(key, group): a row if that group still takes members.
+        self.group_open = select(c.token).where(this_group & open_group & ~_expired(table))
+
+        # count_out(key, group): that group counts one member fewer.
+        self.count_out = update(table).where(this_group).values(members=c.members - 1)
+
+        # delete_empty_group(key, group): 1 row if that group had no member left, nor a
+        # writer waiting, and is gone. reserve_empty_group(key, group): 1 row if that
+        # group had no member left and a writer waits, and is now a reservation for
+        # writers until the writer's mark ends. (PostgreSQL: each announced.)
+        empty = this_group & (c.members <= 0)
+        self.delete_empty_group = _announced(
+            delete(table).where(empty & open_group), c.lock_key, channel
+        )
+        reserve = (
+            update(table).where(empty & ~open_group).values(mode=RESERVED, expires_at=c.waiting)
+        )
+        self.reserve_empty_group = _announced(reserve, c.lock_key, channel)
+
+        # writer_waits(key, wait): the key's group takes no new member for wait seconds.
+        self.writer_waits = (
+            update(table).where(group_is).values(waiting=utc_after(bindparam("wait", type_=Float)))
+        )
+
+        # select_under(under, above): the rows of readers or permits of a key.
+        self.select_under = select(
+            c.lock_key,
+            c.token,
+            c.owner_id,
+            c.parent,
+            c.permits,
+            c.host_id,
+            c.pid,
+            c.proc_start,
+            _expired(table).label("expired"),
+        ).where(_between(table))
+
+        # select_reader(key, owner): a reader's row's token and group, if it is ours.
+        self.select_reader = select(c.token, c.parent).where(
+            key_is & (c.owner_id == bindparam("owner"))
+        )
+
+        # select_permit(under, above, owner): the key and token of our permit, if any.
+        self.select_permit = select(c.lock_key, c.token).where(
+            _between(table) & (c.owner_id == bindparam("owner"))
+        )
+
+        # read_blocked(key): a row if a writer holds the key or waits for it.
+        writer_waits = ((c.mode == GROUP) & (c.waiting > utc_now())) | (c.mode == RESERVED)
+        self.read_blocked = select(c.token).where(
+            key_is & ~_expired(table) & (c.mode.is_(None) | writer_waits)
+        )
+
+        # count_under(under, above): how many live rows of permits (or readers) a key has.
+        self.count_under = select(func.count()).where(_between(table) & ~_expired(table))
+
+        # expired_readers(): readers' rows whose lease has ended, for the reaper.
+        self.expired_readers = (
+            select(c.lock_key, c.token, c.parent)
+            .where((c.mode == SHARED) & _expired(table))
+            .limit(500)
+        )
+
+        # to_group(key, owner, ttl): 1 row if our exclusive hold of the key is now a
+        # group of one member, lasting at least ttl from now (a writer downgrades).
+        self.to_group = (
+            update(table)
+            .where(key_is & (c.owner_id == bindparam("owner")) & c.mode.is_(None))
+            .values(
+                mode=GROUP,
+                members=1,
+                waiting=null(),
+                lease=larger(func.coalesce(c.lease, ttl), ttl),
+                expires_at=larger(c.expires_at, utc_after(ttl)),
+            )
+        )
+
+        # extend_group(key, ttl): the key's group lasts at least ttl from now.
+        self.extend_group = (
+            update(table)
+            .where(group_is)
+            .values(lease=larger(c.lease, ttl), expires_at=larger(c.expires_at, utc_after(ttl)))
+        )
+
+    def renew_with_groups(self, size: int) -> Any:
+        """As ``Statements.renew_owned``, and also the groups ``g0``, ``g1``, ... (keys),
+        in the same statement, so that a group always outlasts its renewed members."""
+        c = self._table.c
+        groups: list[ColumnElement[Any]] = [bindparam(f"g{index}") for index in range(size)]
+        listed = _listed(self._table, size) & c.lease.isnot(None)
+        return (
+            update(self._table)
+            .where((listed | ((c.mode == GROUP) & c.lock_key.in_(groups))) & ~_expired(self._table))
+            .values(expires_at=utc_after(c.lease))
+        )
+
+
+def _announced(statement: Delete | Update, key: Column[Any], channel: str | None) -> Any:
+    """``statement``; on PostgreSQL (``channel`` given), also a NOTIFY of the key of each
+    row it deletes or changes, as tierlock's releases send."""
+    if channel is None:
+        return statement
+    changed = statement.returning(key).cte("changed")
+    return select(func.pg_notify(literal(channel), changed.c.lock_key))
+
+
+class SharedQueries(Queries):
+    """``SharedStatements`` compiled for one dialect."""
+
+    join_group: Query
+    select_group: Query
+    group_open: Query
+    count_out: Query
+    delete_empty_group: Query
+    reserve_empty_group: Query
+    writer_waits: Query
+    select_under: Query
+    expired_readers: Query
+    select_reader: Query
+    select_permit: Query
+    read_blocked: Query
+    count_under: Query
+    to_group: Query
+    extend_group: Query

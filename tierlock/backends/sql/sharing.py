@@ -1,0 +1,399 @@
+"""Read holds and semaphore permits as rows of the lock table.
+
+**Read holds.** Readers of a key hold it together through one *group row* under the key
+itself, so an exclusive hold's single insert is refused while readers hold the key, and
+costs nothing more than before. The group row counts its members; each reader process
+also has a row of its own, under ``<key>\x01r<owner id>``, with its holder record,
+lease and ``parent``, the group row's token. A reader joins by adding one to the count
+of an open group (or inserting the group row) and inserting its row, in one short
+transaction; it leaves by deleting its row and, only if that delete removed it,
+subtracting one, in one transaction, then deletes the group row if the count is zero.
+Whoever deletes a reader's row (its owner, a writer freeing a dead reader, the reaper,
+the sweep after an interrupted acquire) counts it out in the same transaction, so each
+member is counted out exactly once, and a retry after a lost reply repeats nothing. An
+empty group left behind (its last reader's process died between the two steps) is
+deleted by the next writer that meets it.
+
+The race the count prevents: with "delete the group when no reader rows exist" instead,
+PostgreSQL re-checks a concurrently updated row against the latest version but
+evaluates the ``NOT EXISTS`` with the statement's old snapshot, and deletes a group a
+reader has just joined. ``DELETE ... WHERE members = 0`` is re-checked on the row itself.
+
+The group row outlasts the lease each member counts on: a join pushes the group's end
+to at least the joiner's lease from the moment of the join (the reader counts its lease
+from before it asked), and the heartbeat renews a reader's row and its group in one
+statement. So a group whose lease has ended has no member whose lease surely runs,
+and a writer may take it over as it takes over any expired row.
+
+**Writer preference.** A writer whose insert finds a group marks it ``waiting`` for
+``WRITER_WAIT`` seconds, again at each try; a group marked so takes no new members, so
+it drains and the writer gets the key. The writer also reclaims the rows of readers
+whose lease ended or whose process it can prove gone.
+
+**Permits.** A semaphore of ``n`` permits is ``n`` slots, rows under ``<key>\\x01p<i>``,
+each an exclusive hold of its own (lease, takeover, renewal as for any key), with
+``permits`` recorded. A taker lists the key's slot rows (one range read), refuses a
+count that disagrees with a live holder's, and inserts the lowest free slot; the unique
+key decides between two takers of one slot, so there is no window in which ``n + 1``
+rows could stand, and no transaction is held open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ... import process
+from ...keys import MARK, permit_key, reader_key, user_key
+from ...records import Owner
+from ...stats import Counters
+from .. import Share, SharedHolds
+from .link import Link
+from .queries import Queries
+from .rows import insert_params
+from .shared import SharedQueries
+from .table import GROUP, PERMIT, SHARED, fencing_token
+
+if TYPE_CHECKING:
+    from .backend import SQLBackend
+
+__all__ = ["WRITER_WAIT", "SQLSharedHolds", "Sharing"]
+
+logger = logging.getLogger(__name__)
+
+# How long a waiting writer's mark keeps new readers out after its last try (at most
+# the time the writer has left).
+WRITER_WAIT = 1.0
+# The most permits a semaphore may have.
+MOST_PERMITS = 100_000
+
+
+class Mismatch(NamedTuple):
+    """A holder of a semaphore found counting another number of permits."""
+
+    permits: int
+    pid: int
+
+
+def _range(key: str, kind: str) -> dict[str, str]:
+    """Parameters ``under``/``above`` for the rows of ``kind`` ("r", "p") under ``key``."""
+    return {"under": f"{key}{MARK}{kind}", "above": f"{key}{MARK}{chr(ord(kind) + 1)}"}
+
+
+class Sharing:
+    """The steps of read holds and permits, each on a link of the backend's; see the
+    module docstring."""
+
+    def __init__(
+        self,
+        queries: Queries,
+        shared: SharedQueries,
+        insert: Callable[[Link, dict[str, Any]], int | None],
+        counters: Counters,
+    ) -> None:
+        """``insert(link, params)``: the backend's insert-if-absent, giving the new
+        row's token (not yet a fencing token) or ``None``."""
+        self.plain = queries
+        self.queries = shared
+        self._insert = insert
+        self._counters = counters
+
+    # -- readers -------------------------------------------------------------------
+
+    def join(self, link: Link, key: str, params: dict[str, Any]) -> tuple[int, int] | None:
+        """Join or found ``key``'s group and insert the reader's row, in one transaction;
+        the row's token and the group's, or ``None`` if the key is held exclusively or a
+        writer waits. ``params``: an insert's, for the reader's row."""
+        with link.transaction():
+            group = self._join_group(link, key, params["ttl"])
+            if group is None:
+                founder = {**params, "key": key, "mode": GROUP, "members": 1}
+                founder.update(owner="g" + params["owner"][1:], lease=params["ttl"])
+                group = self._insert(link, founder)  # (owner ids are hex: "g..." is unique)
+            if group is None:  # (another reader may have founded it meanwhile)
+                group = self._join_group(link, key, params["ttl"])
+            if group is None:
+                return None
+            token = self._insert(link, self._member(key, params, group))
+        if token is None:  # (an earlier try of the owner inserted it after all)
+            raise RuntimeError(f"a reader's row of {key!r} exists already")
+        return token, group
+
+    @staticmethod
+    def _member(key: str, params: dict[str, Any], group: int) -> dict[str, Any]:
+        member = {**params, "key": reader_key(key, params["owner"]), "mode": SHARED}
+        member["parent"] = group
+        return member
+
+    def _join_group(self, link: Link, key: str, ttl: float) -> int | None:
+        queries = self.queries
+        result = link.execute(queries.join_group, {"key": key, "ttl": ttl})
+        if result.rows:  # (PostgreSQL returns the token)
+            return int(result.rows[0][0])
+        if result.rowcount != 1:
+            return None
+        rows = link.execute(queries.select_group, {"key": key}).rows
+        return int(rows[0][0]) if rows else None
+
+    def leave(self, link: Link, key: str, owner_id: str, group: int) -> bool:
+        """Delete the reader's row and count it out of ``group``, in one transaction;
+        ``False`` if the row or its group was gone (the hold was lost). The caller then deletes the
+        group if it is empty, apart, so that a retry of either repeats nothing."""
+        params = {"key": reader_key(key, owner_id), "owner": owner_id}
+        with link.transaction():
+            if link.execute(self.plain.delete_owned, params).rowcount != 1:
+                return False
+            # The group gone means a writer took it over once its lease ended.
+            return self._count_out(link, key, group)
+
+    def _count_out(self, link: Link, key: str, group: int) -> bool:
+        """``group`` counts one member fewer; ``False`` if it is gone."""
+        return link.execute(self.queries.count_out, {"key": key, "group": group}).rowcount == 1
+
+    def drop_if_empty(self, link: Link, key: str, group: int) -> bool:
+        """End ``group`` if it counts no member: delete it, or, while a writer waits,
+        leave it reserved for writers (so that no reader founds a new group before the
+        writer's next try); ``True`` if it ended."""
+        params = {"key": key, "group": group}
+        if link.execute(self.queries.delete_empty_group, params).rowcount == 1:
+            return True
+        return link.execute(self.queries.reserve_empty_group, params).rowcount == 1
+
+    def discard_reader(self, link: Link, row_key: str, owner_id: str) -> int | None:
+        """Delete the reader's row ``row_key`` of ``owner_id`` if it is there, counted out
+        of its group, in one transaction; the group's token if it was there."""
+        params = {"key": row_key, "owner": owner_id}
+        with link.transaction():
+            rows = link.execute(self.queries.select_reader, params).rows
+            if not rows or link.execute(self.plain.delete_owned, params).rowcount != 1:
+                return None
+            group: int = rows[0][1]
+            self._count_out(link, user_key(row_key), group)
+        return group
+
+    def still_open(self, link: Link, key: str, group: int) -> bool:
+        """Whether ``group`` takes members (no writer waits)."""
+        return bool(link.execute(self.queries.group_open, {"key": key, "group": group}).rows)
+
+    def writer_waits(self, link: Link, key: str, group: int, wait: float | None) -> bool:
+        """A writer found ``key`` held by the live group ``group``: close it to new
+        readers if the writer will wait (for ``wait`` seconds; ``None``: no limit),
+        count out readers whose lease ended or whose process is gone, and delete the
+        group if it is empty; ``True`` if it is gone, so the writer inserts again."""
+        if wait is None or wait > 0:
+            mark = WRITER_WAIT if wait is None else min(wait, WRITER_WAIT)
+            link.execute(self.queries.writer_waits, {"key": key, "wait": mark})
+        for row in link.execute(self.queries.select_under, _range(key, "r")).records():
+            self._free_reader(link, key, row)
+        return self.drop_if_empty(link, key, group)
+
+    def _free_reader(self, link: Link, key: str, row: dict[str, Any]) -> bool:
+        with link.transaction():
+            if not self._free(link, row):
+                return False
+            self._count_out(link, key, row["parent"])
+        return True
+
+    def _free(self, link: Link, row: dict[str, Any]) -> bool:
+        """Delete a reader's or permit's row whose lease ended or whose holder process is
+        gone; ``True`` if this call deleted it."""
+        params = {"key": row["lock_key"], "row": row["token"]}
+        if row["expired"]:
+            if link.execute(self.plain.delete_expired_row, params).rowcount != 1:
+                return False
+            self._counters.add("takeovers")
+            logger.warning("lock %r: a hold whose lease had ended was taken over", row["lock_key"])
+            return True
+        if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
+            return False
+        if link.execute(self.plain.delete_row, params).rowcount != 1:
+            return False
+        self._counters.add("reclaims")
+        logger.warning(
+            "lock %r: freed the hold of process %d, which has exited", row["lock_key"], row["pid"]
+        )
+        return True
+
+    def reap_readers(self, link: Link) -> int:
+        """Delete expired readers' rows, each counted out of its group."""
+        deleted = 0
+        for row in link.execute(self.queries.expired_readers).records():
+            row.update(expired=True, host_id=None, pid=None, proc_start=None)
+            key = user_key(row["lock_key"])
+            if self._free_reader(link, key, row):
+                deleted += 1
+                self.drop_if_empty(link, key, row["parent"])  # (else the next writer does)
+        return deleted
+
+    def downgrade(self, link: Link, key: str, params: dict[str, Any]) -> tuple[int, int] | None:
+        """Turn the exclusive hold of ``key`` of ``params["held_by"]`` into a group of one
+        reader, whose row is inserted with ``params``; its token and the group's, or
+        ``None`` if the hold was no longer theirs."""
+        queries = self.queries
+        held = {"key": key, "owner": params["held_by"], "ttl": params["ttl"]}
+        with link.transaction():
+            if link.execute(queries.to_group, held).rowcount != 1:
+                return None
+            group = int(link.execute(queries.select_group, {"key": key}).rows[0][0])
+            token = self._insert(link, self._member(key, params, group))
+        assert token is not None
+        return token, group
+
+    def extend_group(self, link: Link, key: str, ttl: float) -> bool:
+        return link.execute(self.queries.extend_group, {"key": key, "ttl": ttl}).rowcount == 1
+
+    # -- permits -------------------------------------------------------------------
+
+    def take_permit(
+        self, link: Link, key: str, permits: int, params: dict[str, Any]
+    ) -> tuple[str, int] | Mismatch | None:
+        """Insert the lowest free slot of ``key``'s ``permits``, freeing slots whose
+        holders are gone; the slot's key and token, or ``None`` if all are taken, or
+        the ``Mismatch`` of a live holder that counts another number of permits."""
+        rows = link.execute(self.queries.select_under, _range(key, "p")).records()
+        for row in rows:
+            if row["permits"] != permits and not row["expired"]:
+                return Mismatch(row["permits"], row["pid"])
+        taken = {row["lock_key"]: row for row in rows}
+        slot = {**params, "mode": PERMIT, "permits": permits}
+        for index in range(permits):
+            name = permit_key(key, index)
+            holder = taken.get(name)
+            if holder is not None and not self._free(link, holder):
+                continue
+            token = self._insert(link, {**slot, "key": name})
+            if token is not None:
+                return name, token
+        return None
+
+
+class SQLSharedHolds(SharedHolds):
+    """Read holds and permits of an ``SQLBackend``."""
+
+    def __init__(self, backend: SQLBackend, queries: SharedQueries) -> None:
+        self._backend = backend
+        self.steps = self._steps = Sharing(
+            backend.queries, queries, backend.insert_row, backend.counters
+        )
+        self._queries = queries
+
+    def try_share(
+        self, key: str, owner: Owner, ttl: float, lease: float | None, limit: float | None
+    ) -> Share | None:
+        backend, steps = self._backend, self._steps
+        params = insert_params(owner, ttl, lease)
+        reader = reader_key(key, owner.owner_id)
+
+        def attempt(link: Link, uncertain: bool) -> Share | None:
+            if uncertain:  # a dropped connection hid whether our transaction committed
+                rows = link.execute(self._queries.select_reader, {"key": reader, **params}).rows
+                if rows:
+                    return Share(fencing_token(rows[0][0], 0), rows[0][1])
+            backend.limit_busy_wait(link, limit)
+            joined = steps.join(link, key, params)
+            if joined is None and backend.takeover.free_held_row(link, key, writer=False):
+                joined = steps.join(link, key, params)
+            if joined is None:
+                return None
+            if backend.closed:  # won just as the manager closed: nobody will hold it
+                steps.leave(link, key, owner.owner_id, joined[1])
+                return None
+            return Share(fencing_token(joined[0], 0), joined[1])
+
+        return backend.run(
+            "acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id
+        )
+
+    def unshare(self, key: str, owner_id: str, group: int, live_until: float) -> bool:
+        steps, run = self._steps, self._backend.run
+
+        def attempt(link: Link, uncertain: bool) -> bool:
+            if steps.leave(link, key, owner_id, group):
+                return True
+            return uncertain and time.monotonic() < live_until  # (see SQLBackend.release)
+
+        left: bool = run("release", key, attempt)
+        if left and run("release", key, lambda link, _: steps.drop_if_empty(link, key, group)):
+            self._backend.announce(key)
+        return left
+
+    def still_open(self, key: str, group: int) -> bool:
+        return self._backend.run(
+            "locked", key, lambda link, _: self._steps.still_open(link, key, group)
+        )
+
+    def downgrade(
+        self, key: str, owner_id: str, reader: Owner, ttl: float, lease: float | None
+    ) -> Share | None:
+        params = {**insert_params(reader, ttl, lease), "held_by": owner_id}
+
+        def attempt(link: Link, uncertain: bool) -> Share | None:
+            if uncertain:
+                query = self._queries.select_reader
+                rows = link.execute(query, {"key": reader_key(key, reader.owner_id), **params}).rows
+                if rows:
+                    return Share(fencing_token(rows[0][0], 0), rows[0][1])
+            done = self._steps.downgrade(link, key, params)
+            return None if done is None else Share(fencing_token(done[0], 0), done[1])
+
+        share: Share | None = self._backend.run("downgrade", key, attempt, owner=reader.owner_id)
+        self._backend.announce(key)  # readers elsewhere may join now
+        return share
+
+    def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
+        # The reader's row first, then its group, which must outlast it.
+        if not self._backend.extend(reader_key(key, owner_id), owner_id, ttl, lease):
+            return False
+        return self._backend.run(
+            "extend", key, lambda link, _: self._steps.extend_group(link, key, ttl)
+        )
+
+    def read_blocked(self, key: str) -> bool:
+        query = self._queries.read_blocked
+        return self._backend.run(
+            "locked", key, lambda link, _: bool(link.execute(query, {"key": key}).rows)
+        )
+
+    def permits_taken(self, key: str) -> int:
+        query, params = self._queries.count_under, _range(key, "p")
+        return self._backend.run(
+            "locked", key, lambda link, _: int(link.execute(query, params).rows[0][0])
+        )
+
+    def try_permit(
+        self,
+        key: str,
+        permits: int,
+        owner: Owner,
+        ttl: float,
+        lease: float | None,
+        limit: float | None,
+    ) -> tuple[str, int] | None:
+        backend = self._backend
+        params = insert_params(owner, ttl, lease)
+
+        def attempt(link: Link, uncertain: bool) -> tuple[str, int] | Mismatch | None:
+            if uncertain:
+                mine = {**_range(key, "p"), **params}
+                rows = link.execute(self._queries.select_permit, mine).rows
+                if rows:
+                    return rows[0][0], fencing_token(rows[0][1], 0)
+            backend.limit_busy_wait(link, limit)
+            taken = self._steps.take_permit(link, key, permits, params)
+            if taken is None or isinstance(taken, Mismatch):
+                return taken
+            if backend.closed:
+                link.execute(backend.queries.delete_owned, {"key": taken[0], **params})
+                return None
+            return taken[0], fencing_token(taken[1], 0)
+
+        owner_id = owner.owner_id
+        taken = backend.run("acquire", key, attempt, on_contention=lambda: None, owner=owner_id)
+        if isinstance(taken, Mismatch):
+            raise ValueError(
+                f"semaphore {key!r} asked for with permits={permits}, but it is held with "
+                f"permits={taken.permits} (by pid {taken.pid})"
+            )
+        return taken
