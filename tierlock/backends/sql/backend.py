@@ -44,7 +44,7 @@ from .table import (
     fencing_token,
     lock_table,
 )
-from .takeover import Takeover
+from .takeover import Reserved, Takeover, take_reserved
 from .wakeups import WakeUps
 from .watchdog import Watchdog
 
@@ -146,10 +146,13 @@ class SQLBackend(LockBackend):
         token = self.insert_row(link, params)
         return None if token is None else fencing_token(token, 0)
 
-    def limit_busy_wait(self, link: Link, limit: float | None) -> None:
-        """SQLite: let the next try wait no longer than ``limit`` for the write lock."""
+    def limit_busy_wait(
+        self, link: Link, limit: float | None, least: float = SQLITE_LEAST_BUSY_WAIT
+    ) -> None:
+        """SQLite: let the next try wait no longer than ``limit`` (but ``least``) for the
+        write lock."""
         if self.dialect_name == "sqlite" and limit is not None and limit < SQLITE_BUSY_SLICE:
-            link.limit_busy_wait(max(limit, SQLITE_LEAST_BUSY_WAIT))
+            link.limit_busy_wait(max(limit, least))
 
     def _owned_token(self, link: Link, key: str, owner_id: str) -> int | None:
         """Our fencing token if ``owner_id`` holds ``key``: what an ambiguous try did."""
@@ -175,8 +178,13 @@ class SQLBackend(LockBackend):
                     return token
             self.limit_busy_wait(link, limit)
             token = self._insert(link, params)
-            if token is None and self._takeover.free_held_row(link, key, wait=limit):
-                token = self._insert(link, params)
+            if token is None:
+                freed = self._takeover.free_held_row(link, key, wait=limit)
+                if isinstance(freed, Reserved):
+                    insert = functools.partial(self._insert, link, params)
+                    token = take_reserved(link, key, freed, insert, queries)
+                elif freed:
+                    token = self._insert(link, params)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
                 link.execute(queries.delete_owned, params)
@@ -243,7 +251,7 @@ class SQLBackend(LockBackend):
     def _renew(self, link: Link, uncertain: bool, *, part: Sequence[tuple[str, str]]) -> set[str]:
         """One statement renews ``holds``; a second, only if some were not renewed,
         tells which were."""
-        groups = sorted({user_key(key) for key, _ in part if MARK in key})
+        groups = sorted({user_key(key) for key, _ in part if is_reader_key(key)})
         if groups:  # (readers' rows: their groups are renewed with them)
             query, size = self._shared_queries.listed("renew_with_groups", len(part))
             params = listed_params(part, size, groups)

@@ -33,6 +33,9 @@ SQLITE_BUSY_SLICE = 0.1
 # on a server takes a round trip: without it a non-blocking acquire would fail whenever
 # any other process happened to be writing, even to another key.
 SQLITE_LEAST_BUSY_WAIT = 0.01
+# The same for a try of a read hold or a permit, which is a transaction of a few
+# statements (or several inserts): others' are longer, and a busy machine stretches them.
+SQLITE_LEAST_SHARED_WAIT = 0.05
 
 # The default bound, in seconds, on one operation that cannot reach the database.
 DEFAULT_TIMEOUT = 20.0

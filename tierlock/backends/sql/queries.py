@@ -64,6 +64,7 @@ class Queries:
         return query, size
 
     insert_if_absent: Query
+    serialise_key: Query | None = None
     select_holder: Query
     delete_expired_row: Query
     delete_row: Query

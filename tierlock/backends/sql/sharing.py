@@ -50,6 +50,7 @@ from ...keys import MARK, permit_key, reader_key, user_key
 from ...records import Owner
 from ...stats import Counters
 from .. import Share, SharedHolds
+from .engine import SQLITE_LEAST_SHARED_WAIT
 from .link import Link
 from .queries import Queries
 from .rows import insert_params
@@ -291,7 +292,7 @@ class SQLSharedHolds(SharedHolds):
                 rows = link.execute(self._queries.select_reader, {"key": reader, **params}).rows
                 if rows:
                     return Share(fencing_token(rows[0][0], 0), rows[0][1])
-            backend.limit_busy_wait(link, limit)
+            backend.limit_busy_wait(link, limit, SQLITE_LEAST_SHARED_WAIT)
             joined = steps.join(link, key, params)
             if joined is None and backend.takeover.free_held_row(link, key, writer=False):
                 joined = steps.join(link, key, params)
@@ -380,7 +381,7 @@ class SQLSharedHolds(SharedHolds):
                 rows = link.execute(self._queries.select_permit, mine).rows
                 if rows:
                     return rows[0][0], fencing_token(rows[0][1], 0)
-            backend.limit_busy_wait(link, limit)
+            backend.limit_busy_wait(link, limit, SQLITE_LEAST_SHARED_WAIT)
             taken = self._steps.take_permit(link, key, permits, params)
             if taken is None or isinstance(taken, Mismatch):
                 return taken

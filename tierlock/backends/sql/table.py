@@ -195,12 +195,15 @@ class Statements:
         names = list(values)
         row = select(*(value.label(name) for name, value in values.items()))
         self.insert_if_absent: Executable
+        # serialise_key(key): PostgreSQL: that advisory lock, to the transaction's end.
+        self.serialise_key: Select[Any] | None = None
         if dialect_name == "postgresql":
-            serialised = select(
+            self.serialise_key = select(
                 func.pg_advisory_xact_lock(
                     func.hashtext(literal(table.name)), func.hashtext(bindparam("key"))
                 ).label("locked")
-            ).cte("serialised")
+            )
+            serialised = self.serialise_key.cte("serialised")
             self.insert_if_absent = (
                 postgresql.insert(table)
                 .from_select(names, row.select_from(serialised))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ... import process
 from ...stats import Counters
@@ -20,7 +21,7 @@ from .link import Link
 from .queries import Queries
 from .table import GROUP, RESERVED
 
-__all__ = ["Takeover"]
+__all__ = ["Reserved", "Takeover"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,12 @@ logger = logging.getLogger(__name__)
 HOLDER_MEMORY = 0.05
 # Keys remembered at most; past this, the memory starts afresh.
 REMEMBERED_KEYS = 4096
+
+
+class Reserved(NamedTuple):
+    """The token of a row reserved for writers (see ``sharing``)."""
+
+    row: int
 
 
 class Takeover:
@@ -54,11 +61,13 @@ class Takeover:
 
     def free_held_row(
         self, link: Link, key: str, *, writer: bool = True, wait: float | None = None
-    ) -> bool:
+    ) -> bool | Reserved:
         """Delete the row holding ``key`` if its lease has ended or its holder process
         is proven gone; ``True`` if it did (or the row is gone), so the caller inserts
         again. ``writer``: the caller wants an exclusive hold (else a read hold), and
-        will keep trying for ``wait`` seconds (``None``: until it gets it)."""
+        will keep trying for ``wait`` seconds (``None``: until it gets it); a writer
+        gets ``Reserved`` for a row reserved for writers, to replace in a transaction
+        (see ``take_reserved``), so that no reader slips in between."""
         now = time.monotonic()
         if now < self._alive_until.get(key, now):
             return False
@@ -67,10 +76,10 @@ class Takeover:
             return True  # released since the insert: try again at once
         row = rows[0]
         params = {"key": key, "row": row["token"]}
-        if row["mode"] == RESERVED:  # (for writers, by a group whose readers left)
-            if (writer or row["expired"]) and link.execute(
-                self._queries.delete_row, params
-            ).rowcount:
+        if row["mode"] == RESERVED:  # (left by a group whose readers left, for writers)
+            if writer and not row["expired"]:
+                return Reserved(row["token"])
+            if row["expired"] and link.execute(self._queries.delete_row, params).rowcount:
                 return True
             self._remember(key, now)
             return False
@@ -103,3 +112,19 @@ class Takeover:
         if len(alive_until) >= REMEMBERED_KEYS:
             alive_until.clear()
         alive_until[key] = now + HOLDER_MEMORY
+
+
+def take_reserved(
+    link: Link, key: str, reserved: Reserved, insert: Callable[[], Any], queries: Queries
+) -> Any:
+    """Replace the reserved row of ``key`` with the writer's (``insert()``, whose
+    result is returned), in one transaction: an insert of the key by anyone else waits
+    for it, and then finds the writer's row."""
+    with link.transaction():
+        if queries.serialise_key is not None:
+            # First, as the insert would: a reader's insert holds it while it waits for
+            # the delete, and would deadlock with an insert that asked for it after.
+            link.execute(queries.serialise_key, {"key": key})
+        if not link.execute(queries.delete_row, {"key": key, "row": reserved.row}).rowcount:
+            return None
+        return insert()
