@@ -123,3 +123,45 @@ def test_fencing_refuses_the_stalled_holder(db_url: str, table: str, tmp_path: P
 def test_examples_default_to_sqlite_in_a_temporary_directory(script: str, tmp_path: Path) -> None:
     run_ok(script, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == [], "nothing is left in the working directory"
+
+
+@pytest.mark.multiprocess
+def test_read_write_readers_share_and_the_writer_is_alone(
+    db_url: str, table: str, tmp_path: Path
+) -> None:
+    out = run_ok("read_write.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    assert "two readers inside; the lock table shows 'doc:readme' held in mode shared\n" in out
+    assert "a writer trying without waiting meanwhile gets it: False" in out
+    tokens = [
+        int(token) for token in re.findall(r"wrote version \d alone, fencing token (\d+)", out)
+    ]
+    assert len(tokens) == 5 and tokens == sorted(set(tokens)), out
+    assert "8 readers made 120 reads; torn reads: 0" in out
+    most = re.search(r"most readers inside at once: (\d+)", out)
+    assert most is not None and 2 <= int(most[1]) <= 8, "readers share the document"
+    assert "writes while a reader was inside: 0" in out
+    assert "final version 5: 'text of version 5'" in out
+
+
+@pytest.mark.multiprocess
+def test_semaphore_keeps_the_provider_within_its_limit(
+    db_url: str, table: str, tmp_path: Path
+) -> None:
+    out = run_ok("semaphore.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    assert "one thread holds 3 of 3 permits" in out
+    assert "one more without waiting: False" in out
+    assert "all returned" in out
+    assert "40 payments from 10 threads" in out
+    most = re.search(r"most calls in flight at once: (\d+) \(limit 3\)", out)
+    assert most is not None and 2 <= int(most[1]) <= 3, out
+    assert "refused by the provider: 0" in out
+    assert "charged 200 of 200" in out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("script", ["read_write.py", "semaphore.py"])
+def test_shared_examples_default_to_sqlite_in_a_temporary_directory(
+    script: str, tmp_path: Path
+) -> None:
+    run_ok(script, cwd=tmp_path)
+    assert list(tmp_path.iterdir()) == [], "nothing is left in the working directory"

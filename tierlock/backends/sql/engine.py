@@ -35,7 +35,7 @@ SQLITE_BUSY_SLICE = 0.1
 SQLITE_LEAST_BUSY_WAIT = 0.01
 # The same for a try of a read hold or a permit, which is a transaction of a few
 # statements (or several inserts): others' are longer, and a busy machine stretches them.
-SQLITE_LEAST_SHARED_WAIT = 0.05
+SQLITE_LEAST_SHARED_WAIT = 0.25
 
 # The default bound, in seconds, on one operation that cannot reach the database.
 DEFAULT_TIMEOUT = 20.0
