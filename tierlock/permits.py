@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from .errors import LockError, LockLostError, NotHeldError
 from .keys import permit_key
-from .pollers import poll
-from .reading import reporting
+from .pollers import poll, reporting, shared_holds
 from .records import Hold, Owner
 
 if TYPE_CHECKING:
@@ -129,9 +128,7 @@ class Permits:
     ) -> Hold | None:
         """Poll the backend for a permit of ``key`` until ``deadline``."""
         tiers = self._tiers
-        shared = tiers.backend.shared
-        if shared is None:
-            raise LockError("this lock store has no read holds or semaphores", key)
+        shared = shared_holds(tiers.backend, key)
         ttl, renew, on_lost = options
         owner = Owner.current()
         lease = ttl if renew else None

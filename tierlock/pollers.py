@@ -1,5 +1,6 @@
-"""The one poller of a key in a process, for read holds and permits: tries the backend
-until it grants or the deadline passes, pausing between tries on the key's doorbell.
+"""What tier 1 of read holds and of permits share: the one poller of a key in a
+process, which tries the backend until it grants or the deadline passes, pausing
+between tries on the key's doorbell; and small helpers.
 
 (The exclusive hold's poller, in ``tiers``, also lets other processes go first after a
 cohort of local hand-offs; read holds and permits are not handed off.)
@@ -8,14 +9,19 @@ cohort of local hand-offs; read holds and permits are not handed off.)
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from .backends import Doorbell, LockBackend
+from .backends import Doorbell, LockBackend, SharedHolds
+from .errors import LockError
 from .tiers import FIRST_POLL
 
-__all__ = ["poll"]
+if TYPE_CHECKING:
+    from .tiers import OnLost
+
+__all__ = ["poll", "reporting", "shared_holds", "unlocked"]
 
 T = TypeVar("T")
 
@@ -58,3 +64,32 @@ def poll(
     finally:
         if doorbell is not None:
             doorbell.close()
+
+
+def shared_holds(backend: LockBackend, key: str) -> SharedHolds:
+    """The backend's read holds and permits, or ``LockError`` if it has none."""
+    if backend.shared is None:
+        raise LockError("this lock store has no read holds or semaphores", key)
+    return backend.shared
+
+
+class unlocked:
+    """``with unlocked(mutex):`` runs its body with ``mutex``, held, released."""
+
+    __slots__ = ("_mutex",)
+
+    def __init__(self, mutex: threading.Lock) -> None:
+        self._mutex = mutex
+
+    def __enter__(self) -> None:
+        self._mutex.release()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._mutex.acquire()
+
+
+def reporting(key: str, on_lost: OnLost | None) -> OnLost | None:
+    """``on_lost`` for a hold kept under a row key of its own, told the user's key."""
+    if on_lost is None:
+        return None
+    return lambda _row, token: on_lost(key, token)

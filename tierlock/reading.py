@@ -1,9 +1,9 @@
-"""Read holds: ``ReadLock``, the handle, and ``Readers``, tier 1 for readers.
+"""``Readers``: tier 1 for read holds (whose handle, ``ReadLock``, is in ``handles``).
 
 Reader threads of one manager share one read hold of a key in the backend while they
 overlap: the first asks the backend, and the others join it with no statement. One
-thread at a time asks the backend for a key (the poller); readers that arrive meanwhile
-wait for its answer and join the hold it gets.
+thread at a time asks the backend for a key; readers that arrive meanwhile wait for
+its answer and join the hold it gets.
 
 Joining without a statement could keep a key read-held by the process for ever and
 starve a writer elsewhere, who can only close the group in the database. So a reader
@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 from .backends import SharedHolds
 from .errors import LockError, LockLostError, NotHeldError
 from .keys import reader_key
-from .pollers import poll
+from .pollers import poll, reporting, shared_holds, unlocked
 from .records import Hold, Owner
 
 if TYPE_CHECKING:
     from .tiers import OnLost, Tiers
 
-__all__ = ["Readers", "reporting"]
+__all__ = ["Readers"]
 
 # How long after the group was last known open a reader joins the process's read hold
 # with no statement: this bounds how long readers of the process keep a waiting writer
@@ -109,10 +109,7 @@ class Readers:
         return reads
 
     def shared(self, key: str) -> SharedHolds:
-        shared = self._tiers.backend.shared
-        if shared is None:
-            raise LockError("this lock store has no read holds or semaphores", key)
-        return shared
+        return shared_holds(self._tiers.backend, key)
 
     # -- acquire -------------------------------------------------------------------
 
@@ -177,7 +174,7 @@ class Readers:
             elif hold is None and not entry.polling:
                 entry.polling = True
                 try:
-                    with _unlocked(self._mutex):
+                    with unlocked(self._mutex):
                         got = self._take(key, entry, shared, options, deadline)
                 finally:
                     entry.polling = False
@@ -185,7 +182,7 @@ class Readers:
                 if got is None:
                     return False
                 if entry.hold is not None:  # (a downgrade made one meanwhile)
-                    with _unlocked(self._mutex):
+                    with unlocked(self._mutex):
                         self._give_back(key, *got)
                     continue
                 self._install(entry, *got)
@@ -202,7 +199,7 @@ class Readers:
         held, which it lets go meanwhile)."""
         entry.polling = True
         try:
-            with _unlocked(self._mutex):
+            with unlocked(self._mutex):
                 still_open = shared.still_open(key, entry.group)
         finally:
             entry.polling = False
@@ -422,25 +419,3 @@ class Readers:
     def is_held(self, key: str) -> bool:
         entry = self._keys.get(key)
         return entry is not None and entry.readers > 0
-
-
-class _unlocked:
-    """``with _unlocked(mutex):`` runs its body with ``mutex``, held, released."""
-
-    __slots__ = ("_mutex",)
-
-    def __init__(self, mutex: threading.Lock) -> None:
-        self._mutex = mutex
-
-    def __enter__(self) -> None:
-        self._mutex.release()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._mutex.acquire()
-
-
-def reporting(key: str, on_lost: OnLost | None) -> OnLost | None:
-    """``on_lost`` for a hold kept under a row key of its own, told the user's key."""
-    if on_lost is None:
-        return None
-    return lambda _row, token: on_lost(key, token)
