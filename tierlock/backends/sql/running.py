@@ -9,10 +9,10 @@ checkout and return; the first sign of a disconnect drops them all.
 
 A failed statement is sorted into one of three kinds:
 
-* contention (MariaDB deadlock 1213 or lock wait timeout 1205, PostgreSQL
-  serialization failure or deadlock, SQLite busy): nothing was written; an acquire
-  reports the key as taken and backs off, other operations retry until
-  ``database_timeout`` runs out;
+* contention (MariaDB deadlock 1213, lock wait timeout 1205 or failed auto-increment
+  read 1467, PostgreSQL serialization failure or deadlock, SQLite busy): nothing was
+  written; an exclusive acquire reports the key as taken and backs off, other
+  operations retry until ``database_timeout`` runs out;
 * connection trouble (a dropped or refused connection): the statement may or may not
   have taken effect, so the retry first checks by owner id what really happened
   (semantic 9), and after ``ATTEMPTS`` tries a ``BackendError`` is raised;
@@ -65,7 +65,9 @@ LONGEST_RETRY_PAUSE = 0.5
 # 0.1-0.2x off an uncontended acquire + release (the pool's checkout and return).
 SPARE_CONNECTIONS = 4
 
-_MYSQL_CONTENTION = {1205, 1213}  # lock wait timeout, deadlock
+# lock wait timeout, deadlock, and the auto-increment read that MariaDB fails now and
+# then when an INSERT ... SELECT meets a deadlocked one (nothing was written)
+_MYSQL_CONTENTION = {1205, 1213, 1467}
 _POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
 _SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 

@@ -304,8 +304,14 @@ class SQLSharedHolds(SharedHolds):
             return Share(fencing_token(joined[0], 0), joined[1])
 
         return backend.run(
-            "acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id
+            "acquire", key, attempt, on_contention=self._refused(), owner=owner.owner_id
         )
+
+    def _refused(self) -> Callable[[], None] | None:
+        """What a try that met contention gives: on SQLite, the file's write lock stayed
+        busy past the try's wait, so "not now"; on a server, two transactions (readers
+        joining at once, say) deadlocked, which says nothing about the key: try again."""
+        return (lambda: None) if self._backend.dialect_name == "sqlite" else None
 
     def unshare(self, key: str, owner_id: str, group: int, live_until: float) -> bool:
         steps, run = self._steps, self._backend.run
@@ -391,7 +397,7 @@ class SQLSharedHolds(SharedHolds):
             return taken[0], fencing_token(taken[1], 0)
 
         owner_id = owner.owner_id
-        taken = backend.run("acquire", key, attempt, on_contention=lambda: None, owner=owner_id)
+        taken = backend.run("acquire", key, attempt, on_contention=self._refused(), owner=owner_id)
         if isinstance(taken, Mismatch):
             raise ValueError(
                 f"semaphore {key!r} asked for with permits={permits}, but it is held with "
