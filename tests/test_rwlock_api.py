@@ -1,0 +1,351 @@
+"""Read/write locks on every database: ``locks.read_lock(key)`` shares a key with other
+readers and is excluded by ``locks.lock(key)`` (``write_lock``).
+
+Semaphores' own rules are tested in ``test_semaphore_api``, and what every kind of
+handle does alike in ``test_handle_api``; the helpers these share are in ``rwhelpers``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from conftest import MakeManager
+from polling import wait_until
+from rwhelpers import (
+    LONG,
+    SPREAD,
+    Handle,
+    Holder,
+    hold_fixture,  # noqa: F401 (the fixture hold)
+    in_thread,
+    rows,
+    takes,
+    times_out,
+)
+
+import tierlock
+
+# How soon a refused upgrade must fail: "at once", with room for a slow machine.
+AT_ONCE = 1.0
+
+
+# -- readers and writers -------------------------------------------------------------
+
+
+def test_readers_share_across_threads_and_managers(make_manager: MakeManager, key: str) -> None:
+    first, second, outsider = make_manager(), make_manager(), make_manager()
+    readers = [first, first, second, second]
+    holding = threading.Barrier(len(readers) + 1, timeout=LONG)
+    done = threading.Barrier(len(readers) + 1, timeout=LONG)
+    tokens: list[int | None] = []
+    errors: list[BaseException] = []
+
+    def read(manager: tierlock.LockManager) -> None:
+        try:
+            with manager.read_lock(key, timeout=LONG) as lock:
+                assert lock.owned()
+                tokens.append(lock.token)
+                holding.wait()  # all readers pass only while all of them hold
+                done.wait()
+        except BaseException as exc:
+            errors.append(exc)
+            holding.abort()
+            done.abort()
+
+    threads = [threading.Thread(target=read, args=(manager,)) for manager in readers]
+    for thread in threads:
+        thread.start()
+    try:
+        holding.wait()
+        assert not outsider.lock(key).acquire(blocking=False)
+        infos = [info for info in outsider.holders() if info.key == key]
+        # (readers of one manager may share one row where they overlap)
+        assert 2 <= len(infos) <= 4
+        assert {info.mode for info in infos} == {"shared"}
+        assert {info.key for info in outsider.holders()} == {key}
+        done.wait()
+    except threading.BrokenBarrierError:
+        pass  # a reader failed: its error is raised below
+    except BaseException:
+        done.abort()  # (lets the readers go: this thread failed)
+        raise
+    finally:
+        for thread in threads:
+            thread.join(LONG)
+    if errors:
+        raise errors[0]
+    assert all(isinstance(token, int) for token in tokens)
+    assert len(tokens) == 4
+    assert outsider.holders() == []
+    assert takes(outsider.lock(key), timeout=0)
+
+
+@SPREAD
+def test_nonblocking_readers_all_get_in(make_manager: MakeManager, key: str, spread: str) -> None:
+    """With no writer, a reader never has to wait, so ``acquire(blocking=False)`` of
+    readers starting together all succeed, also while others are still getting in."""
+    count = 6
+    one = make_manager()
+    managers = [one] * count if spread == "one-manager" else [make_manager() for _ in range(count)]
+    start = threading.Barrier(count, timeout=LONG)
+    tried = threading.Barrier(count, timeout=LONG)
+
+    def read(index: int) -> bool:
+        reader = managers[index].read_lock(key)
+        start.wait()
+        got = reader.acquire(blocking=False)
+        tried.wait()  # nobody lets go before everyone tried
+        if got:
+            reader.release()
+        return got
+
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda i=index: results.append(read(i)), daemon=True)
+        for index in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LONG)
+    assert results == [True] * count
+    assert one.holders() == []
+
+
+def test_a_writer_excludes_readers(make_manager: MakeManager, key: str) -> None:
+    manager, other = make_manager(), make_manager()
+    with manager.write_lock(key):
+        assert times_out(other.read_lock(key))
+        assert not other.read_lock(key).acquire(blocking=False)
+        assert in_thread(lambda: times_out(manager.read_lock(key)))  # (another thread)
+        assert rows(other, key) == [(key, "exclusive")]
+    reader = other.read_lock(key)
+    assert reader.acquire(blocking=False)
+    reader.release()
+    assert other.holders() == []
+
+
+def test_readers_exclude_a_writer(make_manager: MakeManager, key: str) -> None:
+    manager, other = make_manager(), make_manager()
+    reader = manager.read_lock(key)
+    assert reader.acquire()
+    assert times_out(other.lock(key))
+    assert not other.write_lock(key).acquire(blocking=False)
+    assert in_thread(lambda: times_out(manager.lock(key)))  # (another thread)
+    # Writers that gave up leave nothing behind to keep new readers out.
+    assert takes(other.read_lock(key))
+    assert in_thread(lambda: takes(manager.read_lock(key)))
+    assert rows(other, key) == [(key, "shared")]
+    reader.release()
+    assert takes(other.lock(key))
+    assert other.holders() == []
+
+
+def test_upgrade_is_refused_at_once_and_changes_nothing(
+    make_manager: MakeManager, key: str
+) -> None:
+    manager, other = make_manager(), make_manager()
+    reader = manager.read_lock(key)
+    assert reader.acquire()
+    attempts: list[Callable[[], object]] = [
+        lambda: manager.lock(key).acquire(blocking=False),
+        lambda: manager.write_lock(key).acquire(timeout=LONG),
+        lambda: manager.lock(key).acquire(),
+    ]
+    for attempt in attempts:
+        started = time.monotonic()
+        with pytest.raises(tierlock.LockError) as caught:
+            attempt()
+        assert time.monotonic() - started < AT_ONCE
+        assert not isinstance(caught.value, (tierlock.LockTimeout, tierlock.NotHeldError))
+        assert caught.value.key == key
+    with pytest.raises(tierlock.LockError), manager.lock(key, timeout=LONG):
+        pytest.fail("entered a write hold while holding a read hold")
+
+    # Nothing is held wrongly: the read hold alone, once; no writer holds or waits.
+    assert not manager.lock(key).owned()
+    assert reader.owned()
+    assert rows(other, key) == [(key, "shared")]
+    assert not other.read_lock(key).locked()
+    assert takes(other.read_lock(key))
+    reader.release()
+    assert not reader.owned()
+    with pytest.raises(tierlock.NotHeldError):
+        reader.release()
+    assert other.holders() == []
+    assert takes(other.lock(key), timeout=0)
+
+
+def test_downgrade_then_release_the_write_hold_first(make_manager: MakeManager, key: str) -> None:
+    manager, other = make_manager(), make_manager()
+    writer, reader = manager.lock(key), manager.read_lock(key)
+    assert writer.acquire()
+    write_token = writer.token
+    assert write_token is not None
+    assert reader.acquire(blocking=False)  # at once: this thread holds the write hold
+    assert writer.owned() and reader.owned()
+    assert in_thread(lambda: times_out(manager.read_lock(key)))  # still a write hold
+    writer.release()
+    assert not writer.owned()
+    assert reader.owned()
+    # The read hold still keeps writers out, and now lets readers in.
+    assert rows(other, key) == [(key, "shared")]
+    assert times_out(other.lock(key))
+    assert in_thread(lambda: times_out(manager.lock(key)))
+    assert takes(other.read_lock(key))
+    reader.release()
+    assert not reader.owned()
+    late = other.lock(key)
+    assert late.acquire(timeout=5)
+    assert late.token is not None and late.token > write_token
+    late.release()
+    assert other.holders() == []
+
+
+def test_downgrade_then_release_the_read_hold_first(make_manager: MakeManager, key: str) -> None:
+    manager, other = make_manager(), make_manager()
+    writer, reader = manager.write_lock(key), manager.read_lock(key)
+    assert writer.acquire()
+    assert reader.acquire(blocking=False)
+    reader.release()
+    assert not reader.owned()
+    assert writer.owned()
+    # Still the write hold: readers and writers elsewhere wait.
+    assert rows(other, key) == [(key, "exclusive")]
+    assert times_out(other.read_lock(key))
+    assert in_thread(lambda: times_out(manager.read_lock(key)))
+    assert times_out(other.lock(key))
+    writer.release()
+    assert not writer.owned()
+    with pytest.raises(tierlock.NotHeldError):
+        reader.release()
+    assert takes(other.read_lock(key))
+    assert takes(other.lock(key))
+    assert other.holders() == []
+
+
+def test_read_holds_are_reentrant_per_thread(make_manager: MakeManager, key: str) -> None:
+    manager, other = make_manager(), make_manager()
+    reader = manager.read_lock(key)
+    assert reader.acquire()
+    assert reader.acquire(blocking=False)
+    with manager.read_lock(key) as again:  # another handle: the same thread's hold
+        assert again.owned()
+    assert not in_thread(reader.owned)
+    reader.release()
+    assert reader.owned()
+    assert not other.lock(key).acquire(blocking=False)
+    reader.release()
+    assert not reader.owned()
+    with pytest.raises(tierlock.NotHeldError) as caught:
+        reader.release()
+    assert caught.value.key == key
+    assert other.holders() == []
+    assert takes(other.lock(key), timeout=0)
+
+
+# -- tokens --------------------------------------------------------------------------
+
+
+def test_a_write_hold_after_read_holds_has_a_higher_token(
+    make_manager: MakeManager, key: str, hold: Callable[[Handle], Holder]
+) -> None:
+    first, second, writer = make_manager(), make_manager(), make_manager()
+    # One round with the read holds released before the writer asks, one with the writer
+    # waiting behind them.
+    read_tokens: list[int] = []
+    readers = [first.read_lock(key), second.read_lock(key)]
+    for reader in readers:
+        assert reader.acquire()
+        assert reader.token is not None
+        read_tokens.append(reader.token)
+    for reader in readers:
+        reader.release()
+    lock = writer.lock(key)
+    assert lock.acquire(timeout=5)
+    assert lock.token is not None and lock.token > max(read_tokens)
+    write_token = lock.token
+    lock.release()
+
+    holders = [hold(first.read_lock(key)).start(), hold(second.read_lock(key)).start()]
+    tokens = [holder.token for holder in holders]
+    assert all(isinstance(token, int) for token in tokens)
+    read_tokens.extend(token for token in tokens if token is not None)
+    waiting = hold(writer.lock(key)).start(wait=False)
+    wait_until(lambda: first.read_lock(key).locked(), "the writer to wait")
+    for holder in holders:
+        holder.finish()
+    waiting.wait_held()
+    assert waiting.token is not None
+    assert waiting.token > max(read_tokens)
+    assert waiting.token > write_token
+    waiting.finish()
+    assert writer.holders() == []
+
+
+# -- locked() ------------------------------------------------------------------------
+
+
+def test_locked_says_whether_an_acquire_would_wait(
+    make_manager: MakeManager, key: str, hold: Callable[[Handle], Holder]
+) -> None:
+    manager, other, third = make_manager(), make_manager(), make_manager()
+    read, write = manager.read_lock(key), manager.lock(key)
+    assert not read.locked() and not write.locked()
+
+    # Another manager's reader: a reader would not wait, a writer would.
+    other_reader = other.read_lock(key)
+    assert other_reader.acquire()
+    assert not read.locked()
+    assert write.locked()
+
+    # A writer waiting behind it: now readers arriving would wait too (no starvation).
+    waiting = hold(third.lock(key)).start(wait=False)
+    wait_until(read.locked, "the waiting writer to show")
+    assert write.locked()
+    assert times_out(manager.read_lock(key))
+    assert not waiting.held.is_set()
+    # ... but not the thread that holds a read hold: waiting would deadlock it.
+    assert other_reader.acquire(timeout=5)
+    other_reader.release()
+    other_reader.release()
+
+    waiting.wait_held()
+    assert read.locked() and write.locked()
+    assert other.read_lock(key).locked()
+    waiting.finish()
+    assert not read.locked() and not write.locked()
+
+    # A write hold of this manager's other thread: both would wait.
+    writer = hold(manager.lock(key)).start()
+    assert read.locked() and write.locked()
+    assert not read.owned() and not write.owned()
+    writer.finish()
+    assert not read.locked() and not write.locked()
+
+
+# -- leases --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fixed_lease_read_hold_expires(make_manager: MakeManager, key: str) -> None:
+    readers, writers = make_manager(), make_manager()
+    reader = readers.read_lock(key, ttl=1, renew=False)
+    assert reader.acquire()
+    read_token = reader.token
+    assert read_token is not None
+    started = time.monotonic()
+    writer = writers.lock(key)
+    assert writer.acquire(timeout=15)
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 8, f"took the key after {elapsed:.2f} s"
+    assert writer.token is not None and writer.token > read_token
+    assert rows(writers, key) == [(key, "exclusive")]
+    with pytest.raises(tierlock.LockLostError):
+        reader.release()
+    assert not reader.owned()
+    writer.release()
+    assert writers.holders() == []
