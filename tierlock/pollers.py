@@ -8,7 +8,6 @@ cohort of local hand-offs; read holds and permits are not handed off.)
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -53,13 +52,8 @@ def poll(
             check_open()
             if doorbell is None:
                 doorbell = backend.doorbell(key)
-            delay = random.uniform(pause / 2, pause)
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                delay = min(delay, remaining)
-            doorbell.wait(delay)
+            if not doorbell.pause(pause, deadline):
+                return None
             pause = min(pause * 2, poll_interval)
     finally:
         if doorbell is not None:

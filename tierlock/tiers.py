@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -261,13 +260,8 @@ class Tiers:
                     doorbell = backend.doorbell(key)
                 elif doorbell.wakes_in_turn:
                     pause = self.poll_interval
-                delay = random.uniform(pause / 2, pause)
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return None
-                    delay = min(delay, remaining)
-                doorbell.wait(delay)
+                if not doorbell.pause(pause, deadline):
+                    return None
                 pause = min(pause * 2, self.poll_interval)
         finally:
             if doorbell is not None:

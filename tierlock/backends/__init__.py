@@ -7,6 +7,7 @@ only takes, releases and inspects holds of keys, deciding expiry by its own cloc
 from __future__ import annotations
 
 import abc
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -241,6 +242,19 @@ class Doorbell:
         else:
             self._closing.wait(seconds)
         return False
+
+    def pause(self, seconds: float, deadline: float | None) -> bool:
+        """``wait`` a jittered ``seconds`` (from half of it to all), so that pollers of
+        several processes do not try in step, cut short at ``deadline``
+        (``time.monotonic()``); ``False`` if the deadline has passed already."""
+        delay = random.uniform(seconds / 2, seconds)
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            delay = min(delay, remaining)
+        self.wait(delay)
+        return True
 
     def keep(self) -> Callable[[], None] | None:
         """For a poller that won the key: what to call once its process has released
