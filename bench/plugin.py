@@ -24,7 +24,6 @@ exactly its tests stops the bench.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import re
@@ -42,7 +41,15 @@ from pathlib import Path
 
 import tierlock
 
-from .harness import DATABASES, drop, machine, positive_int, unreachable
+from .command import (
+    DATABASES,
+    Started,
+    add_db_option,
+    drop,
+    positive_int,
+    publish,
+    unreachable,
+)
 from .report import DATABASE_TITLES
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "plugin.md"
@@ -241,9 +248,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="What tierlock's pytest plugin costs: loaded in a suite that does not "
         "use it, and per marked test on an uncontended key.",
     )
-    parser.add_argument(
-        "--db", action="append", choices=sorted(DATABASES), help="database (repeatable; all)"
-    )
+    add_db_option(parser)
     parser.add_argument("--tests", type=positive_int, default=2000, help="overhead suite (2000)")
     parser.add_argument("--marked", type=positive_int, default=300, help="marked suite (300)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed rounds (3)")
@@ -260,31 +265,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def header(
-    args: argparse.Namespace, skipped: list[str], wall: float, started: str, host: str
-) -> list[str]:
+def header(args: argparse.Namespace, skipped: list[str], started: Started) -> list[str]:
     """What was measured where: the load, which the timings follow closely, at both ends."""
-    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
-    lines = [
-        "# tierlock pytest plugin benchmark",
-        "",
-        f"- date: {started}; wall time {wall / 60:.1f} min",
-        f"- machine: {host}, {load} at the end",
+    details = [
         f"- software: tierlock {tierlock.__version__}, pytest {version('pytest')}, "
         f"pytest-xdist {version('pytest-xdist')}, Python {platform.python_version()}",
         f"- settings: median of {args.repeats} interleaved round(s) after {args.warmup} "
         "untimed; each run `python -m pytest -p no:cacheprovider -q --basetemp=<own dir>` "
         "in the scratch suite's directory, timed from start to exit",
     ]
-    lines += [f"- skipped: {note}" for note in skipped]
-    return [*lines, ""]
+    return started.header("tierlock pytest plugin benchmark", details, skipped, load_at_end=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    began = time.monotonic()
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    host = machine()
+    started = Started()
     chosen = {name: url for name, url in DATABASES.items() if not args.db or name in args.db}
     reasons = {name: unreachable(url) for name, url in chosen.items() if url is not None}
     urls = {name: url for name, url in chosen.items() if reasons.get(name) is None}
@@ -304,10 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         for url in filter(None, urls.values()):
             drop(url, args.table)
             drop(url, f"{args.table}_once")
-    report = "\n".join(header(args, skipped, time.monotonic() - began, started, host) + lines)
-    print(report)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report, encoding="utf-8")
+    publish(header(args, skipped, started) + lines, args.output)
     return 0
 
 

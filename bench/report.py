@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .interface import Implementation
 from .workload import Cell, Scenario
@@ -96,16 +97,18 @@ class Row:
             return "failed"
         if not self.implementation.excludes:
             return "n/a"
-        parts = [
-            f"{count} {what}"
-            for count, what in (
+        return tallies(
+            (
                 (sum(cell.lost for cell in self.cells), "lost updates"),
                 (sum(cell.overlaps for cell in self.cells), "overlaps"),
                 (sum(cell.leftover for cell in self.cells), "rows left"),
             )
-            if count
-        ]
-        return ", ".join(parts) or "0"
+        )
+
+
+def tallies(counts: Iterable[tuple[int, str]]) -> str:
+    """Counts of what went wrong, such as ``3 overlaps, 1 rows left``: those not 0, or 0."""
+    return ", ".join(f"{count} {what}" for count, what in counts if count) or "0"
 
 
 # Figures that are counts, or large enough that decimals are noise.
@@ -124,17 +127,43 @@ def number(value: float, whole: bool = False) -> str:
     return f"{value:.2f}"
 
 
-def figure(row: Row, name: str, reference: Row | None) -> str:
+def shown(name: str, value: float) -> str:
+    """A figure as the tables show it."""
+    return number(value, name in WHOLE)
+
+
+class Measured(Protocol):
+    """A row of a report's table: the medians of its cells, unless it failed."""
+
+    @property
+    def cells(self) -> Sequence[object]: ...
+
+    @property
+    def failure(self) -> str | None: ...
+
+    def median(self, name: str) -> float: ...
+
+
+def figure(
+    row: Measured,
+    name: str,
+    reference: Measured | None,
+    show: Callable[[str, float], str] = shown,
+) -> str:
+    """``row``'s median of figure ``name`` and, unless ``row`` is the ``reference``
+    (None: no ratio), its ratio to the reference's."""
     if row.failure is not None or not row.cells:
         return "-"
     value = row.median(name)
-    shown = number(value, name in WHOLE)
-    if reference is None or reference is row or reference.failure or not reference.cells:
-        return shown
+    text = show(name, value)
+    if reference is None or reference is row or reference.failure is not None:
+        return text
+    if not reference.cells:
+        return text
     base = reference.median(name)
     if math.isnan(value) or math.isnan(base) or base == 0:
-        return shown
-    return f"{shown} ({value / base:.2f}x)"
+        return text
+    return f"{text} ({value / base:.2f}x)"
 
 
 def scenario_table(rows: Sequence[Row], columns: dict[str, str] = COLUMNS) -> list[str]:

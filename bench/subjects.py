@@ -48,8 +48,15 @@ class TierlockContender(Contender):
         """Nothing: the manager is the subject's."""
 
 
-def _manager(url: str, table: str) -> tierlock.LockManager:
+def manager(url: str, table: str) -> tierlock.LockManager:
+    """A manager as the benchmarks run it: renewed leases, reaper off, on a table made."""
     return tierlock.LockManager(url, table=table, ttl=TTL, create_table=False, reaper_interval=None)
+
+
+def sent(manager: tierlock.LockManager) -> int:
+    """Statements ``manager`` has sent, its doorbell's included."""
+    stats = manager.stats()
+    return stats.statements + stats.doorbell_queries
 
 
 class TierlockSubject(Subject):
@@ -57,14 +64,13 @@ class TierlockSubject(Subject):
 
     def __init__(self, url: str, table: str) -> None:
         super().__init__()
-        self.manager = _manager(url, table)
+        self.manager = manager(url, table)
 
     def make_contender(self) -> Contender:
         return TierlockContender(self.manager)
 
     def statements(self) -> int:
-        stats = self.manager.stats()
-        return stats.statements + stats.doorbell_queries
+        return sent(self.manager)
 
     def close(self) -> None:
         self.manager.close()
@@ -79,8 +85,7 @@ class TableOnlyContender(TierlockContender):
         return super().try_acquire(index)
 
     def statements(self) -> int:
-        stats = self.manager.stats()
-        return stats.statements + stats.doorbell_queries
+        return sent(self.manager)
 
     def close(self) -> None:
         self.manager.close()
@@ -95,7 +100,7 @@ class TableOnlySubject(Subject):
         self.url, self.table = url, table
 
     def make_contender(self) -> Contender:
-        return TableOnlyContender(_manager(self.url, self.table))
+        return TableOnlyContender(manager(self.url, self.table))
 
     def close(self) -> None:
         """Nothing: each contender closes its own manager."""

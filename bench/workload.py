@@ -13,16 +13,19 @@ the try won: a flash sale, where a request that finds the stock locked gives up.
 
 from __future__ import annotations
 
+import abc
 import queue
 import random
 import threading
 import time
 import traceback
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from .interface import Contender, Implementation, Subject
 from .tally import CTX, Tally
@@ -93,36 +96,59 @@ class Cell:
     leftover: int = 0  # lock rows still in the table after the run
 
 
-class Worker:
-    """One worker process: ``scenario.threads`` threads that run sections until ``stop``.
+Report = dict[str, Any]  # what a worker process sends back
 
-    Its report, put on ``results`` once whatever happens: per-thread section counts,
-    wait samples, sections run in all, overlaps seen, statements sent, and errors.
+
+class Opened(Protocol):
+    """What a worker process opens once: its side of an implementation."""
+
+    def statements(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Closes(Protocol):
+    """What each thread of a worker process takes keys with."""
+
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Opened)
+M = TypeVar("M", bound=Closes)
+
+
+class ProcessWorker(abc.ABC, Generic[S, M]):
+    """One worker process: ``threads`` threads that each take keys with a member of the
+    side the process opened, warm it up off the clock, wait at ``start`` with the parent,
+    and run sections until ``stop``.
+
+    Its report, put on ``results`` once whatever happens: what ``report`` starts as, which
+    the threads add to, the statements the side sent while they ran, and errors.
     """
 
     def __init__(
-        self,
-        implementation: Implementation,
-        scenario: Scenario,
-        number: int,
-        tally: Tally,
-        start: Barrier,
-        stop: Event,
+        self, threads: int, number: int, start: Barrier, stop: Event, report: Report
     ) -> None:
-        self.implementation, self.scenario, self.number = implementation, scenario, number
-        self.tally, self.start, self.stop = tally, start, stop
-        self.ready = threading.Barrier(scenario.threads + 1)  # warmed up, statements counted
+        self.threads, self.number, self.start, self.stop = threads, number, start, stop
+        self.ready = threading.Barrier(threads + 1)  # warmed up, statements counted
         self.gather = threading.Lock()
-        self.report: dict[str, Any] = {
-            "sections": [],
-            "waits": array("d"),
-            "ran": 0,
-            "tries": 0,
-            "tried": 0,
-            "overlaps": 0,
-            "statements": 0,
-            "errors": [],
-        }
+        self.report: Report = {**report, "statements": 0, "errors": []}
+
+    @abc.abstractmethod
+    def open(self) -> S:
+        """The process's side, opened in the worker process."""
+
+    @abc.abstractmethod
+    def member(self, side: S) -> M:
+        """The calling thread's own member of ``side``."""
+
+    @abc.abstractmethod
+    def warm_up(self, member: M, me: int) -> None:
+        """Connect and fill caches on a key of the thread's own, off the clock."""
+
+    @abc.abstractmethod
+    def run(self, member: M, me: int) -> None:
+        """Sections until the stop, added to the report."""
 
     def fail(self) -> None:
         self.report["errors"].append(traceback.format_exc())
@@ -130,27 +156,27 @@ class Worker:
         self.start.abort()  # the others give up at once instead of waiting for this one
         self.stop.set()
 
-    def __call__(self, results: Queue[dict[str, Any]]) -> None:
+    def __call__(self, results: Queue[Report]) -> None:
         try:
-            subject = self.implementation.open()
+            side = self.open()
         except BaseException:
             self.fail()
             results.put(self.report)
             return
-        first = self.number * self.scenario.threads + 1
+        first = self.number * self.threads + 1
         threads = [
-            threading.Thread(target=self.thread, args=(subject, first + offset), daemon=True)
-            for offset in range(self.scenario.threads)
+            threading.Thread(target=self.thread, args=(side, first + offset), daemon=True)
+            for offset in range(self.threads)
         ]
         try:
             for thread in threads:
                 thread.start()
             self.ready.wait(SETUP_LIMIT)
-            baseline = subject.statements()
+            baseline = side.statements()
             deadline = time.monotonic() + SETUP_LIMIT
             for thread in threads:
                 thread.join(max(0.0, deadline - time.monotonic()))
-            self.report["statements"] = subject.statements() - baseline
+            self.report["statements"] = side.statements() - baseline
             if any(thread.is_alive() for thread in threads):
                 self.report["errors"].append(f"a thread of process {self.number} did not stop")
         except threading.BrokenBarrierError:
@@ -159,24 +185,58 @@ class Worker:
             self.fail()
         finally:
             try:
-                subject.close()
+                side.close()
             except BaseException:
                 self.fail()
             results.put(self.report)
 
-    def thread(self, subject: Subject, me: int) -> None:
+    def thread(self, side: S, me: int) -> None:
         try:
-            contender = subject.contender()
+            member = self.member(side)
             try:
-                contender.acquire(KEYS + me)  # connects and fills caches, off the clock
-                contender.release(KEYS + me)
+                self.warm_up(member, me)
                 self.ready.wait(SETUP_LIMIT)
                 self.start.wait(SETUP_LIMIT)
-                self.run(contender, me)
+                self.run(member, me)
             finally:
-                contender.close()
+                member.close()
         except BaseException:
             self.fail()
+
+
+class Worker(ProcessWorker[Subject, Contender]):
+    """A worker process of the lock benchmark. Its report adds per-thread section counts,
+    wait samples, sections run in all and overlaps seen."""
+
+    def __init__(
+        self,
+        implementation: Implementation,
+        scenario: Scenario,
+        tally: Tally,
+        number: int,
+        start: Barrier,
+        stop: Event,
+    ) -> None:
+        report = {
+            "sections": [],
+            "waits": array("d"),
+            "ran": 0,
+            "tries": 0,
+            "tried": 0,
+            "overlaps": 0,
+        }
+        super().__init__(scenario.threads, number, start, stop, report)
+        self.implementation, self.scenario, self.tally = implementation, scenario, tally
+
+    def open(self) -> Subject:
+        return self.implementation.open()
+
+    def member(self, side: Subject) -> Contender:
+        return side.contender()
+
+    def warm_up(self, member: Contender, me: int) -> None:
+        member.acquire(KEYS + me)
+        member.release(KEYS + me)
 
     def run(self, contender: Contender, me: int) -> None:
         """Sections until the stop; the one under way then is run but not counted."""
@@ -222,24 +282,30 @@ class CellError(RuntimeError):
     """A cell could not run: a worker failed or hung."""
 
 
-def run_cell(implementation: Implementation, scenario: Scenario, seconds: float) -> Cell:
-    """Run ``implementation`` under ``scenario`` for ``seconds`` and gather what happened."""
-    tally = Tally(scenario.keys)
-    start = CTX.Barrier(scenario.processes * scenario.threads + 1)
+def run_workers(
+    processes: int,
+    threads: int,
+    seconds: float,
+    worker: Callable[[int, Barrier, Event], ProcessWorker[Any, Any]],
+) -> tuple[float, list[Report]]:
+    """Run ``processes`` workers of ``threads`` threads each, made by ``worker(number,
+    start, stop)``, for ``seconds`` once all are ready: the seconds they ran, and their
+    reports.
+
+    :raises CellError: if a worker failed, sent nothing or hung.
+    """
+    start = CTX.Barrier(processes * threads + 1)
     stop = CTX.Event()
-    results: Queue[dict[str, Any]] = CTX.Queue()
-    processes = [
-        CTX.Process(
-            target=Worker(implementation, scenario, number, tally, start, stop),
-            args=(results,),
-            daemon=True,
-        )
-        for number in range(scenario.processes)
+    results: Queue[Report] = CTX.Queue()
+    workers = [
+        CTX.Process(target=worker(number, start, stop), args=(results,), daemon=True)
+        for number in range(processes)
     ]
-    cell = Cell(elapsed=0.0)
+    elapsed = 0.0
+    reports: list[Report] = []
     errors: list[str] = []
     try:
-        for process in processes:
+        for process in workers:
             process.start()
         try:
             start.wait(SETUP_LIMIT)
@@ -248,27 +314,21 @@ def run_cell(implementation: Implementation, scenario: Scenario, seconds: float)
         else:
             began = time.perf_counter()
             stop.wait(seconds)  # returns early if a worker fails
-            cell.elapsed = time.perf_counter() - began
+            elapsed = time.perf_counter() - began
         stop.set()
-        for _ in processes:
+        for _ in workers:
             try:
                 report = results.get(timeout=SETUP_LIMIT)
             except queue.Empty:
                 errors.append(f"a worker sent nothing within {SETUP_LIMIT} s")
                 break
             errors += report["errors"]
-            cell.sections += report["sections"]
-            cell.waits += report["waits"]
-            cell.statements += report["statements"]
-            cell.overlaps += report["overlaps"]
-            cell.ran += report["ran"]
-            cell.tries += report["tries"]
-            cell.tried += report["tried"]
+            reports.append(report)
         deadline = time.monotonic() + SETUP_LIMIT
-        for process in processes:
+        for process in workers:
             process.join(max(0.0, deadline - time.monotonic()))
     finally:
-        for process in processes:
+        for process in workers:
             if process.is_alive():
                 errors.append(f"worker {process.pid} still ran; killed")
                 process.kill()
@@ -276,5 +336,22 @@ def run_cell(implementation: Implementation, scenario: Scenario, seconds: float)
         results.close()
     if errors:
         raise CellError("\n".join(errors))
+    return elapsed, reports
+
+
+def run_cell(implementation: Implementation, scenario: Scenario, seconds: float) -> Cell:
+    """Run ``implementation`` under ``scenario`` for ``seconds`` and gather what happened."""
+    tally = Tally(scenario.keys)
+    worker = partial(Worker, implementation, scenario, tally)
+    elapsed, reports = run_workers(scenario.processes, scenario.threads, seconds, worker)
+    cell = Cell(elapsed=elapsed)
+    for report in reports:
+        cell.sections += report["sections"]
+        cell.waits += report["waits"]
+        cell.statements += report["statements"]
+        cell.overlaps += report["overlaps"]
+        cell.ran += report["ran"]
+        cell.tries += report["tries"]
+        cell.tried += report["tried"]
     cell.lost = tally.lost(cell.ran)
     return cell

@@ -94,7 +94,7 @@ def test_every_row_reports_and_nothing_overlaps(db: str, db_url: str, tmp_path: 
 
 def test_jain_index(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(procs.ROOT))  # where bench is, as python -m finds it
-    from bench.shared import jain
+    from bench.shared.report import jain
 
     assert jain([5, 5, 5, 5]) == 1
     assert jain([8, 0, 0, 0]) == 0.25
