@@ -21,7 +21,7 @@ from sqlalchemy.sql.expression import ColumnElement, Delete, Update
 
 from .columns import larger, utc_after, utc_now
 from .queries import Queries, Query
-from .table import GROUP, RESERVED, SHARED, _between, _expired, _listed
+from .table import GROUP, REAP_BATCH, RESERVED, SHARED, _between, _expired, _listed
 
 __all__ = ["SharedQueries", "SharedStatements"]
 
@@ -116,7 +116,7 @@ class SharedStatements:
         self.expired_readers = (
             select(c.lock_key, c.token, c.parent)
             .where((c.mode == SHARED) & _expired(table))
-            .limit(500)
+            .limit(REAP_BATCH)
         )
 
         # to_group(key, owner, ttl): 1 row if our exclusive hold of the key is now a

@@ -67,8 +67,6 @@ logger = logging.getLogger(__name__)
 # How long a waiting writer's mark keeps new readers out after its last try (at most
 # the time the writer has left).
 WRITER_WAIT = 1.0
-# The most permits a semaphore may have.
-MOST_PERMITS = 100_000
 
 
 class Mismatch(NamedTuple):
