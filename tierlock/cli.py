@@ -6,14 +6,15 @@ stderr saying why); 2 bad usage, including ``release`` without ``--force``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
+import os
+import select
 import signal
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
@@ -333,10 +334,35 @@ def reap(target: Target, every: float | None) -> None:
         console.print("stopped")
 
 
-@contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """An event that SIGTERM and SIGINT set; the previous handlers come back after."""
-    stop = threading.Event()
+class _SignalStop:
+    """Set by a signal handler, waited for by the main thread.
+
+    Not a ``threading.Event``: a handler runs in the main thread between any two of its
+    bytecodes, also while ``Event.wait`` holds the event's lock, and its ``set`` would
+    then wait for that lock for ever. Writing a byte to a pipe takes no lock."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # (set already: the pipe is full)
+            os.write(self._write, b"x")
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, waiting up to ``timeout`` seconds."""
+        readable, _, _ = select.select([self._read], [], [], timeout)
+        return bool(readable)
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[_SignalStop]:
+    """A stop that SIGTERM and SIGINT set; the previous handlers come back after."""
+    stop = _SignalStop()
 
     def handle(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -347,3 +373,4 @@ def _stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        stop.close()

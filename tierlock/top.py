@@ -6,8 +6,8 @@ which keeps trying; only a table that cannot be read at the start ends the comma
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timezone
+from typing import Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -24,9 +24,12 @@ __all__ = ["DATABASE_TIMEOUT", "watch"]
 DATABASE_TIMEOUT = 2.0
 
 
-def watch(
-    locks: LockManager, console: Console, *, interval: float | None, stop: threading.Event
-) -> None:
+class Stop(Protocol):
+    def wait(self, timeout: float) -> bool:
+        """Whether the view should stop, waiting up to ``timeout`` seconds."""
+
+
+def watch(locks: LockManager, console: Console, *, interval: float | None, stop: Stop) -> None:
     """Show ``locks``'s table on ``console``: one frame if ``interval`` is ``None``, or
     a frame every ``interval`` seconds until ``stop`` is set.
 
