@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .keys import KeyLike
 from .lock import Handle, seconds
+from .pollers import shared_holds
 
 if TYPE_CHECKING:
     from .manager import LockManager
@@ -52,7 +53,7 @@ class ReadLock(Handle):
     def locked(self) -> bool:
         """Whether a read hold would have to wait now: a writer holds the key or waits
         for it."""
-        return self._manager._reads.shared(self._key).read_blocked(self._key)
+        return shared_holds(self._manager._backend, self._key).read_blocked(self._key)
 
     def owned(self) -> bool:
         """Whether the calling thread holds a read hold whose lease surely still runs."""
@@ -130,7 +131,8 @@ class Semaphore(Handle):
 
     def locked(self) -> bool:
         """Whether an acquire would have to wait now: every permit is held."""
-        return self._manager._reads.shared(self._key).permits_taken(self._key) >= self._permits
+        shared = shared_holds(self._manager._backend, self._key)
+        return shared.permits_taken(self._key) >= self._permits
 
     def owned(self) -> bool:
         """Whether the calling thread holds a permit whose lease surely still runs."""

@@ -100,6 +100,7 @@ class Readers:
         self._mutex = threading.Lock()
         self._keys: dict[str, _Key] = {}
         self._local = threading.local()
+        self._used = False  # no thread took a read hold yet: writers need not look
 
     def _reads(self) -> dict[str, _Read]:
         try:
@@ -108,7 +109,7 @@ class Readers:
             reads = self._local.reads = {}
         return reads
 
-    def shared(self, key: str) -> SharedHolds:
+    def _shared(self, key: str) -> SharedHolds:
         return shared_holds(self._tiers.backend, key)
 
     # -- acquire -------------------------------------------------------------------
@@ -118,6 +119,7 @@ class Readers:
     ) -> bool:
         tiers = self._tiers
         tiers.check_thread(key)
+        self._used = True
         reads = self._reads()
         read = reads.get(key)
         if read is not None:
@@ -128,7 +130,7 @@ class Readers:
             reads[key] = _Read(True, ttl, renew, on_lost)
             tiers.counters.acquired(key, 0.0)
             return True
-        shared = self.shared(key)
+        shared = self._shared(key)
         started = time.monotonic()
         deadline = None if wait is None else started + wait
         with self._mutex:
@@ -266,7 +268,7 @@ class Readers:
         self._tiers.heartbeat.remove(hold)
         if hold.lost:
             return False
-        return self.shared(key).unshare(key, hold.owner_id, group, hold.live_until)
+        return self._shared(key).unshare(key, hold.owner_id, group, hold.live_until)
 
     def _drop_if_unused(self, key: str, entry: _Key) -> None:
         if entry.unused and self._keys.get(key) is entry:
@@ -317,6 +319,8 @@ class Readers:
 
     def refuse_upgrade(self, key: str) -> None:
         """Raise if the calling thread holds only a read hold of ``key``."""
+        if not self._used:
+            return
         read = self._reads().get(key)
         if read is not None and not read.covered:
             raise LockError(
@@ -328,6 +332,8 @@ class Readers:
     def downgrade(self, key: str) -> bool:
         """If the calling thread's last level of its write hold of ``key`` is released
         while it reads under it, turn the hold into a read hold; ``True`` if done."""
+        if not self._used:
+            return False
         read = self._reads().get(key)
         tiers = self._tiers
         registry = tiers.registry
@@ -342,7 +348,7 @@ class Readers:
         try:
             share = None
             if not hold.lost:
-                shared = self.shared(key)
+                shared = self._shared(key)
                 share = shared.downgrade(key, hold.owner_id, reader, read.ttl, lease)
         finally:
             # The next local writer asks the backend, where readers hold the key now.
@@ -402,7 +408,7 @@ class Readers:
             raise LockLostError(key, hold.token)
         lease = None if hold.lease is None else ttl
         sent = time.monotonic()
-        if not self.shared(key).extend(key, hold.owner_id, ttl, lease):
+        if not self._shared(key).extend(key, hold.owner_id, ttl, lease):
             self._tiers.heartbeat.lost(hold, "its row was gone before it could be extended")
             raise LockLostError(key, hold.token)
         hold.live_until, hold.ttl = sent + ttl, ttl
