@@ -56,6 +56,9 @@ def spawn_top() -> Iterator[Spawn]:
             env=env,
             dimensions=SIZE,
             encoding="utf-8",
+            # Ctrl-C makes the terminal drop the output it has not delivered yet, which
+            # may cut a character of the table's lines in two.
+            codec_errors="replace",
             timeout=procs.WAIT_LIMIT,
         )
         started.append(child)
