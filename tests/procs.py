@@ -9,6 +9,7 @@ script or ``-m`` module of this checkout as a separate program, as a user would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import dataclasses
@@ -107,13 +108,27 @@ class Tally:
 
     def section(self, index: int) -> None:
         """One critical section on key ``index``: an unprotected read-modify-write."""
+        self._enter(index)
+        value = self.counters[index]
+        time.sleep(PAUSE)  # widens the race window; it synchronises nothing
+        self.counters[index] = value + 1
+        self._leave(index)
+
+    async def asection(self, index: int) -> None:
+        """``section`` for a task: the pause lets the loop run other tasks meanwhile."""
+        self._enter(index)
+        value = self.counters[index]
+        await asyncio.sleep(PAUSE)
+        self.counters[index] = value + 1
+        self._leave(index)
+
+    def _enter(self, index: int) -> None:
         with self._books:
             self.entries[index] += 1
             self.inside[index] += 1
             self.most_inside[index] = max(self.most_inside[index], self.inside[index])
-        value = self.counters[index]
-        time.sleep(PAUSE)  # widens the race window; it synchronises nothing
-        self.counters[index] = value + 1
+
+    def _leave(self, index: int) -> None:
         with self._books:
             self.inside[index] -= 1
 
@@ -170,6 +185,41 @@ def hammer(
         failures.append("a worker thread did not finish")
     if failures:
         raise AssertionError("\n".join(failures))
+
+
+def ahammer(
+    *,
+    url: str,
+    table: str,
+    keys: Sequence[str],
+    tally: Tally,
+    tasks: int,
+    sections: int,
+    start: Barrier,
+) -> None:
+    """``hammer`` with ``tasks`` asyncio tasks of one ``AsyncLockManager``."""
+    from tierlock.aio import AsyncLockManager
+
+    async def main() -> None:
+        async with AsyncLockManager(
+            url, table=table, reaper_interval=None, poll_interval=0.01
+        ) as locks:
+
+            async def work() -> None:
+                choose = random.Random()
+                for _ in range(sections):
+                    index = choose.randrange(len(keys))
+                    async with locks.lock(keys[index], timeout=WAIT_LIMIT):
+                        await tally.asection(index)
+
+            await asyncio.to_thread(start.wait, WAIT_LIMIT)
+            await asyncio.wait_for(asyncio.gather(*(work() for _ in range(tasks))), HOLD_LIMIT)
+
+    try:
+        asyncio.run(main())
+    except BaseException:
+        start.abort()
+        raise
 
 
 def take_turns(

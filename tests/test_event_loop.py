@@ -1,6 +1,6 @@
 """A thread's lock cannot guard coroutines: coroutines of one event loop share its
-thread, so they would all count as its holder. Until tierlock has an asyncio API, such
-uses fail loudly instead of protecting nothing."""
+thread, so they would all count as its holder. Such uses of ``LockManager`` fail
+loudly instead of protecting nothing (``tierlock.aio`` is for coroutines)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_non_blocking_acquire_in_a_loop_also_fails(make_manager: MakeManager, ke
 
 
 def test_worker_threads_of_a_loop_may_lock(make_manager: MakeManager, key: str) -> None:
-    """The way out until then: take the lock in a worker thread."""
+    """A worker thread of a loop may take a thread's lock."""
     lock = make_manager().lock(key)
 
     def section() -> int:

@@ -160,7 +160,7 @@ def _async_engine() -> AsyncEngine:
     [
         (lambda: "sqlite:///locks.db", TypeError, "must be a SQLAlchemy Engine, not str"),
         (object, TypeError, "must be a SQLAlchemy Engine, not object"),
-        (_async_engine, TypeError, r"AsyncEngine.*asyncio API is to come.*engine\.sync_engine"),
+        (_async_engine, TypeError, r"AsyncEngine.*threads of its own.*engine\.sync_engine"),
         (lambda: create_engine("sqlite://"), ValueError, "in-memory"),
         (lambda: create_engine("sqlite:///:memory:"), ValueError, "in-memory"),
         (

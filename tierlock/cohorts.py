@@ -115,17 +115,24 @@ class Cohorts:
     def goes_on(self, hold: Hold) -> bool:
         """Whether one more hand-off in a row keeps within the cohort's bound, or other
         processes surely do not wait (then a new cohort begins)."""
+        if self.within(hold):
+            return True
+        if hold.handoffs >= self._backend.MAX_HANDOFFS:
+            return False
+        if self._backend.others_waiting(hold.key, hold.ring is not None) is False:
+            hold.cohort, hold.cohort_began = 0, time.monotonic()
+            return True
+        return False
+
+    def within(self, hold: Hold) -> bool:
+        """``goes_on`` without asking the backend: one more hand-off in a row keeps
+        within the cohort's bound."""
         if hold.handoffs >= self._backend.MAX_HANDOFFS:
             return False
         now = time.monotonic()
         if not hold.cohort:
             hold.cohort_began = now
-        if hold.cohort < COHORT_LIMIT and now - hold.cohort_began < COHORT_TIME:
-            return True
-        if self._backend.others_waiting(hold.key, hold.ring is not None) is False:
-            hold.cohort, hold.cohort_began = 0, now
-            return True
-        return False
+        return hold.cohort < COHORT_LIMIT and now - hold.cohort_began < COHORT_TIME
 
     def courteous(self, hold: Hold, wanted_here: bool) -> bool:
         """Before ``hold`` goes back to the database: whether the next local waiter (if

@@ -14,10 +14,19 @@ if TYPE_CHECKING:
     from .manager import LockManager
     from .tiers import OnLost
 
-__all__ = ["MOST_PERMITS", "ReadLock", "Semaphore"]
+__all__ = ["MOST_PERMITS", "ReadLock", "Semaphore", "permit_count"]
 
 # The most permits a semaphore may have.
 MOST_PERMITS = 10_000
+
+
+def permit_count(permits: object) -> int:
+    """``permits`` checked as a semaphore's number of permits."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, not {type(permits).__name__}")
+    if not 1 <= permits <= MOST_PERMITS:
+        raise ValueError(f"permits must be between 1 and {MOST_PERMITS}, got {permits}")
+    return permits
 
 
 class ReadLock(Handle):
@@ -95,12 +104,8 @@ class Semaphore(Handle):
         renew: bool | None = None,
         on_lost: OnLost | None = None,
     ) -> None:
-        if isinstance(permits, bool) or not isinstance(permits, int):
-            raise TypeError(f"permits must be an int, not {type(permits).__name__}")
-        if not 1 <= permits <= MOST_PERMITS:
-            raise ValueError(f"permits must be between 1 and {MOST_PERMITS}, got {permits}")
         super().__init__(manager, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
-        self._permits = permits
+        self._permits = permit_count(permits)
 
     @property
     def permits(self) -> int:

@@ -1,13 +1,19 @@
-"""Turning ``"user:42"`` or ``("user", 42, "pay")`` into a checked key string."""
+"""Turning ``"user:42"`` or ``("user", 42, "pay")`` into a checked key string, and
+``synchronized``'s key templates into keys."""
 
 from __future__ import annotations
 
-from typing import Union
+import inspect
+import re
+import string
+from collections.abc import Callable
+from typing import Any, Union
 
 __all__ = [
     "MARK",
     "MAX_KEY_LENGTH",
     "KeyLike",
+    "KeyTemplate",
     "is_reader_key",
     "make_key",
     "permit_key",
@@ -77,3 +83,38 @@ def reader_key(key: str, owner_id: str) -> str:
 def permit_key(key: str, slot: int) -> str:
     """The row key of permit slot ``slot`` of semaphore ``key``."""
     return f"{key}{MARK}p{slot}"
+
+
+class KeyTemplate:
+    """A ``synchronized`` key: a ``str.format`` template filled from a call's bound
+    arguments, defaults included (``"user:{user_id}"``, ``"order:{order.id}"``)."""
+
+    def __init__(self, template: object) -> None:
+        if not isinstance(template, str):
+            name = type(template).__name__
+            raise TypeError(f"synchronized() takes a key template str, not {name}")
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        self._roots = {re.split(r"[.\[]", field, maxsplit=1)[0] for field in fields}
+        if not fields:
+            make_key(template)
+        self._template = template
+
+    def for_function(self, function: Callable[..., Any]) -> Callable[..., str]:
+        """How a call of ``function`` makes its key.
+
+        :raises ValueError: the template names a parameter ``function`` lacks.
+        """
+        signature = inspect.signature(function)
+        unknown = sorted(self._roots - signature.parameters.keys())
+        if unknown:
+            raise ValueError(
+                f"key template {self._template!r} names {', '.join(map(repr, unknown))}, "
+                f"which {function.__qualname__}() has no parameter for"
+            )
+
+        def key(*args: Any, **kwargs: Any) -> str:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return self._template.format(**bound.arguments)
+
+        return key

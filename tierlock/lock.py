@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .errors import LockError, LockTimeout
 from .keys import KeyLike, make_key
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .manager import LockManager
     from .tiers import OnLost
 
-__all__ = ["Handle", "Lock", "callback", "flag", "seconds"]
+__all__ = ["Defaults", "Handle", "Lock", "Options", "callback", "flag", "seconds"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +79,23 @@ def _check_representable(timeout: object) -> None:
         raise OverflowError("timeout value is too large")
 
 
-class Handle(abc.ABC):
-    """What every handle on a key has: its options, ``with``, and the checks of the
-    arguments of ``acquire``; the kinds of hold are its subclasses."""
+class Defaults(Protocol):
+    """What a handle takes from its manager when it does not say."""
+
+    ttl: float
+    renew: bool
+    on_lost: OnLost | None
+
+
+class Options:
+    """What every handle on a key has, sync or async: its options, and the checks of
+    the arguments of ``acquire``."""
 
     __slots__ = ("__weakref__", "_key", "_manager", "_on_lost", "_renew", "_timeout", "_ttl")
 
     def __init__(
         self,
-        manager: LockManager,
+        manager: Defaults,
         key: KeyLike,
         *,
         ttl: float | None = None,
@@ -122,6 +130,19 @@ class Handle(abc.ABC):
         wait = _wait_time(blocking, timeout)
         return self._manager.on_lost if self._on_lost is None else self._on_lost, wait
 
+    def _repr(self, held: bool) -> str:
+        # From tier 1 alone: a repr must not query the database.
+        state = "locked" if held else "unlocked"
+        name = type(self).__name__
+        return f"<{state} tierlock.{name} object key={self._key!r} at {id(self):#x}>"
+
+
+class Handle(Options, abc.ABC):
+    """A handle of a ``LockManager``: ``with``, and the kinds of hold as subclasses."""
+
+    __slots__ = ()
+    _manager: LockManager
+
     @abc.abstractmethod
     def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
 
@@ -147,12 +168,6 @@ class Handle(abc.ABC):
         except LockError as release_error:
             # Do not hide the body's exception behind the release's.
             logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
-
-    def _repr(self, held: bool) -> str:
-        # From tier 1 alone: a repr must not query the database.
-        state = "locked" if held else "unlocked"
-        name = type(self).__name__
-        return f"<{state} tierlock.{name} object key={self._key!r} at {id(self):#x}>"
 
 
 class Lock(Handle):

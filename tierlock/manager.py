@@ -7,8 +7,6 @@ import functools
 import inspect
 import logging
 import os
-import re
-import string
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -16,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .backends import LockBackend, open_backend
 from .cohorts import released
 from .handles import ReadLock, Semaphore
-from .keys import KeyLike, make_key
+from .keys import KeyLike, KeyTemplate, make_key
 from .lock import Lock, callback, flag, seconds
 from .permits import Permits
 from .reading import Readers
@@ -228,39 +226,22 @@ class LockManager:
         ``key`` is a ``str.format`` template filled from the call's bound arguments,
         defaults included: ``"user:{user_id}"`` or ``"order:{order.id}"``.
         """
-        if not isinstance(key, str):
-            raise TypeError(f"synchronized() takes a key template str, not {type(key).__name__}")
-        fields = {field for _, field, _, _ in string.Formatter().parse(key) if field is not None}
-        roots = {re.split(r"[.\[]", field, maxsplit=1)[0] for field in fields}
-        if not fields:
-            make_key(key)
+        template = KeyTemplate(key)
 
         def decorate(function: F) -> F:
             if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
                 # The lock would be held only while the coroutine object is made.
                 raise TypeError(
                     f"synchronized() cannot guard {function.__qualname__}(), an async "
-                    "function: tierlock's locks belong to threads, and an asyncio API "
-                    "(tierlock.aio) is planned; until then, hold the lock in a thread"
+                    "function: tierlock's LockManager locks belong to threads; use "
+                    "tierlock.aio.AsyncLockManager's synchronized() for coroutines"
                 )
-            signature = inspect.signature(function)
-            unknown = sorted(roots - signature.parameters.keys())
-            if unknown:
-                raise ValueError(
-                    f"key template {key!r} names {', '.join(map(repr, unknown))}, which "
-                    f"{function.__qualname__}() has no parameter for"
-                )
+            key_of = template.for_function(function)
 
             @functools.wraps(function)
             def synchronized_call(*args: Any, **kwargs: Any) -> Any:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
                 lock = self.lock(
-                    key.format(**bound.arguments),
-                    ttl=ttl,
-                    timeout=timeout,
-                    renew=renew,
-                    on_lost=on_lost,
+                    key_of(*args, **kwargs), ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
                 )
                 with lock:
                     return function(*args, **kwargs)

@@ -51,7 +51,8 @@ class Owner(NamedTuple):
     thread_name: str
 
     @classmethod
-    def current(cls) -> Owner:
+    def current(cls, name: str | None = None) -> Owner:
+        """A new owner for the calling thread, or for ``name`` (an asyncio task's) in it."""
         ids = _ids.get()
         return cls(
             f"{ids.prefix}{next(ids.counter):012x}",
@@ -60,7 +61,7 @@ class Owner(NamedTuple):
             ids.pid,
             ids.proc_start,
             threading.get_ident(),
-            _label(threading.current_thread().name),
+            _label(threading.current_thread().name if name is None else name),
         )
 
 

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from .backends import Doorbell, LockBackend
 from .cohorts import COURTESY_PAUSE, Cohorts, released
@@ -35,7 +35,7 @@ from .local import Registry, Waiter
 from .records import Hold, Owner
 from .stats import Counters
 
-__all__ = ["OnLost", "Tiers"]
+__all__ = ["FIRST_POLL", "OnLost", "Tiers", "pass_locally", "passes_locally"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,32 @@ class Request:
         self.renew = renew
         self.on_lost = on_lost
         self.courteous = False  # let other processes try first
+
+
+class Asking(Protocol):
+    """What a waiter asks for, as a hand-off in memory needs it."""
+
+    owner: Owner
+    ttl: float
+    renew: bool
+    on_lost: OnLost | None
+
+
+def passes_locally(hold: Hold, request: Asking) -> bool:
+    """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
+    both renew their leases, and the lease surely runs."""
+    return hold.lease is not None and request.renew and time.monotonic() < hold.live_until
+
+
+def pass_locally(hold: Hold, request: Asking) -> None:
+    """Make ``hold`` the successor's: one more hand-off, in memory."""
+    hold.token += 1
+    hold.handoffs += 1
+    hold.cohort += 1
+    hold.holder = request.owner
+    hold.ttl = request.ttl
+    hold.on_lost = request.on_lost
+    hold.recorded = False
 
 
 class Tiers:
@@ -98,9 +124,9 @@ class Tiers:
             # Coroutines of one loop share its thread, so a thread-owned lock would
             # let them all in at once, and a wait would stall the loop.
             raise LockError(
-                "tierlock's locks belong to threads and cannot be acquired in a thread "
-                "that runs an asyncio event loop; call it from a worker thread "
-                "(asyncio.to_thread) until tierlock's asyncio API is available",
+                "a LockManager's locks belong to threads and cannot be acquired in a "
+                "thread that runs an asyncio event loop; use tierlock.aio.AsyncLockManager "
+                "in coroutines",
                 key,
             )
 
@@ -189,8 +215,8 @@ class Tiers:
         the row is gone, and the thread must ask the database."""
         hold.keep_until = 0.0
         if not hold.lost:
-            if self._passes_locally(hold, request):
-                self._pass(hold, request)
+            if passes_locally(hold, request):
+                pass_locally(hold, request)
                 self.counters.add("local_handoffs")
                 return hold
             if self._hand_off(key, hold, request) is not None:
@@ -287,8 +313,8 @@ class Tiers:
         while True:
             successor = registry.successor(key)
             cohort = successor is not None and not hold.lost and self.cohorts.goes_on(hold)
-            if cohort and successor is not None and self._passes_locally(hold, successor.request):
-                self._pass(hold, successor.request)
+            if cohort and successor is not None and passes_locally(hold, successor.request):
+                pass_locally(hold, successor.request)
                 self.counters.add("local_handoffs")
                 if registry.pass_on(key, successor, hold):
                     return
@@ -331,22 +357,6 @@ class Tiers:
         released(hold.key)
         return given_back
 
-    @staticmethod
-    def _passes_locally(hold: Hold, request: Request) -> bool:
-        """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
-        both renew their leases, and the lease surely runs."""
-        return hold.lease is not None and request.renew and time.monotonic() < hold.live_until
-
-    def _pass(self, hold: Hold, request: Request) -> None:
-        """Make ``hold`` the successor's: one more hand-off, in memory."""
-        hold.token += 1
-        hold.handoffs += 1
-        hold.cohort += 1
-        hold.holder = request.owner
-        hold.ttl = request.ttl
-        hold.on_lost = request.on_lost
-        hold.recorded = False
-
     def _hand_off(self, key: str, hold: Hold, request: Request) -> Hold | None:
         """Pass ``hold`` to a waiting thread with one UPDATE, which sets the lease the
         successor asks for; ``None`` if the row was no longer ours. If the database
@@ -363,12 +373,12 @@ class Tiers:
         except LockError as exc:
             logger.warning("lock %r passed without its new lease recorded: %s", key, exc)
             self.heartbeat.remove(hold)
-            self._pass(hold, request)
+            pass_locally(hold, request)
             hold.lease = None  # whatever the row says, nothing renews it now
             return hold
         if not passed:
             return None
-        self._pass(hold, request)
+        pass_locally(hold, request)
         hold.recorded = True
         hold.lease = lease
         hold.live_until = sent + request.ttl

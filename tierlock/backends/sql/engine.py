@@ -123,8 +123,9 @@ def usable_engine(engine: object) -> Engine:
     if not isinstance(engine, Engine):
         if isinstance(getattr(engine, "sync_engine", None), Engine):
             raise TypeError(
-                f"engine is an asyncio {type(engine).__name__}; tierlock's asyncio API is "
-                "to come, until then pass engine.sync_engine"
+                f"engine is an asyncio {type(engine).__name__}; tierlock sends its "
+                "statements from threads of its own, also for tierlock.aio: pass "
+                "engine.sync_engine"
             )
         raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
     _refuse_memory_database(engine.url)

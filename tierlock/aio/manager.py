@@ -1,0 +1,270 @@
+"""``AsyncLockManager``: one process's locks on one table, for asyncio tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ..backends import LockBackend, open_backend
+from ..cohorts import released
+from ..keys import KeyLike, KeyTemplate, make_key
+from ..lock import callback, flag, seconds
+from ..manager import (
+    DEFAULT_DATABASE_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_REAPER_INTERVAL,
+    DEFAULT_TABLE,
+    DEFAULT_TTL,
+    DEFAULT_URL,
+)
+from ..reaper import Reaper
+from ..records import LockInfo
+from ..stats import Counters, LockStats
+from ..tiers import OnLost
+from .core import Core
+from .exclusive import Exclusive
+from .handles import AsyncLock, AsyncReadLock, AsyncSemaphore
+from .shared import Shares
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+__all__ = ["AsyncLockManager", "AsyncOnLost"]
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+#: ``on_lost(key, token)``: a plain function, called in a tierlock thread, or a
+#: coroutine function, run as a task in the manager's event loop.
+AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
+
+
+class AsyncLockManager:
+    """Distributed locks kept in a database table, for asyncio tasks::
+
+        async with AsyncLockManager("postgresql+psycopg://postgres@127.0.0.1/test") as locks:
+            async with locks.lock(("user", 42), timeout=5):
+                ...
+
+    A hold belongs to the task that acquired it. Tasks of one manager that want a key
+    wait in the event loop, first come first served, with no thread each; one poller
+    per key asks the database, in a few threads of the manager's own (see
+    ``tierlock.aio.core``). Holds pass between the manager's tasks with no statement,
+    and one heartbeat renews them all, as in ``LockManager``, whose options and table
+    it shares: sync and async managers on one table exclude each other.
+
+    Making one opens the database (and creates the table) at once, so make it once,
+    at start-up; close it with ``await locks.aclose()`` or ``async with``.
+
+    :param on_lost: as ``LockManager``'s, and may also be a coroutine function, which
+        then runs as a task of the event loop the hold was taken in.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        table: str = DEFAULT_TABLE,
+        ttl: float = DEFAULT_TTL,
+        renew: bool = True,
+        on_lost: AsyncOnLost | None = None,
+        create_table: bool = True,
+        reaper_interval: float | None = DEFAULT_REAPER_INTERVAL,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
+    ) -> None:
+        self.ttl: float = seconds("ttl", ttl)
+        self.renew: bool = flag("renew", renew)
+        self.on_lost: OnLost | None = callback("on_lost", on_lost)
+        self.poll_interval: float = seconds("poll_interval", poll_interval)
+        reaper_interval = seconds("reaper_interval", reaper_interval, none_ok=True)
+        if url is None and engine is None:
+            url = DEFAULT_URL
+        counters = Counters()
+        self.table: str = table
+        self._backend: LockBackend = open_backend(
+            url,
+            engine,
+            table=table,
+            create_table=create_table,
+            counters=counters,
+            timeout=seconds("database_timeout", database_timeout),
+        )
+        #: The database's URL, with any password hidden.
+        self.url: str = self._backend.location
+        self._core = Core(self._backend, counters, self.poll_interval, self.ttl / 3)
+        self._exclusive = Exclusive(self._core)
+        self._shares = Shares(self._core, self._exclusive)
+        self._reaper = Reaper(self._reap)
+        if reaper_interval is not None:
+            self._reaper.start(reaper_interval)
+
+    def __repr__(self) -> str:
+        return f"<tierlock.aio.AsyncLockManager url={self.url!r} table={self.table!r}>"
+
+    # -- handles ---------------------------------------------------------------------
+
+    def lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncLock:
+        """A handle on ``key``; see :class:`AsyncLock` and ``LockManager.lock``."""
+        self._core.check_open()
+        return AsyncLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)  # type: ignore[arg-type]
+
+    def write_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncLock:
+        """The same as :meth:`lock`."""
+        return self.lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
+    def read_lock(
+        self,
+        key: KeyLike,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncReadLock:
+        """A handle on the read hold of ``key``; see :class:`AsyncReadLock`."""
+        self._core.check_open()
+        return AsyncReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)  # type: ignore[arg-type]
+
+    def semaphore(
+        self,
+        key: KeyLike,
+        permits: int,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncSemaphore:
+        """A handle on semaphore ``key`` with ``permits``; see :class:`AsyncSemaphore`."""
+        self._core.check_open()
+        return AsyncSemaphore(
+            self, key, permits, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+        )
+
+    def synchronized(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> Callable[[F], F]:
+        """Decorate an ``async def`` function so that each call runs holding a lock,
+        its key formatted from the call's arguments (see ``LockManager.synchronized``)."""
+        template = KeyTemplate(key)
+
+        def decorate(function: F) -> F:
+            if not inspect.iscoroutinefunction(function):
+                raise TypeError(
+                    f"AsyncLockManager.synchronized() guards async def functions, and "
+                    f"{function.__qualname__}() is not one; use LockManager's for threads"
+                )
+            key_of = template.for_function(function)
+
+            @functools.wraps(function)
+            async def synchronized_call(*args: Any, **kwargs: Any) -> Any:
+                lock = self.lock(
+                    key_of(*args, **kwargs), ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+                )
+                async with lock:
+                    return await function(*args, **kwargs)
+
+            return cast(F, synchronized_call)
+
+        return decorate
+
+    def _reporter(self, on_lost: Any) -> OnLost | None:
+        """``on_lost`` as the heartbeat's thread calls it: a coroutine function's runs
+        as a task of the calling task's event loop."""
+        if on_lost is None or not inspect.iscoroutinefunction(on_lost):
+            return cast("OnLost | None", on_lost)
+        loop = asyncio.get_running_loop()
+        spawn = self._core.spawn
+
+        def report(key: str, token: int) -> None:
+            loop.call_soon_threadsafe(lambda: spawn(on_lost(key, token)))
+
+        return report
+
+    # -- admin -------------------------------------------------------------------------
+
+    async def info(self, key: KeyLike) -> LockInfo | None:
+        """The row holding ``key``, expired or not, or ``None`` if it is free."""
+        return await self._core.call(self._backend.info, make_key(key))
+
+    async def holders(self) -> list[LockInfo]:
+        """Every row in the table, expired or not, ordered by key."""
+        return await self._core.call(self._backend.holders)
+
+    async def force_release(self, key: KeyLike) -> bool:
+        """Delete whatever row holds ``key``, whoever's it is; ``False`` if none did."""
+        key = make_key(key)
+        removed = await self._core.call(self._backend.force_release, key)
+        released(key)
+        if removed:
+            logger.warning("lock %r force-released", key)
+        return removed
+
+    async def reap(self) -> int:
+        """Delete every row whose lease has ended, now; return how many."""
+        return await self._core.call(self._reap)
+
+    def _reap(self) -> int:
+        count = self._backend.reap()
+        if count:
+            logger.warning("reaped %d expired lock row(s)", count)
+        return count
+
+    def stats(self) -> LockStats:
+        """What this manager has done so far, as counters; see ``LockStats``."""
+        return self._core.counters.snapshot()
+
+    async def aclose(self) -> None:
+        """Send waiting tasks away with ``LockError``, finish the manager's own tasks,
+        stop the reaper and close every connection; closing again does nothing.
+
+        Holds still open are not released: their rows expire with their leases.
+        """
+        core = self._core
+        if core.closed:
+            return
+        core.closed = True
+        self._exclusive.close()
+        self._shares.close()
+        await core.settle()
+        await asyncio.to_thread(self._shut_down)
+
+    def _shut_down(self) -> None:
+        self._reaper.stop()
+        self._core.shutdown()
+        self._backend.close()
+
+    async def __aenter__(self) -> AsyncLockManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
