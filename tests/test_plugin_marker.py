@@ -14,7 +14,7 @@ from conftest import MakeManager
 from polling import wait_until
 from scratch import Scratch
 
-from tierlock.manager import DEFAULT_TTL
+from tierlock.base import DEFAULT_TTL
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -28,6 +28,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from . import __version__, admin
 from .backends.sql.ddl import table_ddl
 from .backends.sql.table import check_table_name
+from .base import DEFAULT_TABLE, DEFAULT_URL
 from .demo import (
     DEFAULT_ACCOUNTS,
     DEFAULT_PROCESSES,
@@ -38,7 +39,7 @@ from .demo import (
 )
 from .demo_report import report
 from .errors import BackendError, LockError
-from .manager import DEFAULT_TABLE, DEFAULT_URL, LockManager
+from .manager import LockManager
 from .top import DATABASE_TIMEOUT, watch
 from .urls import hide_password
 

@@ -6,6 +6,7 @@ import abc
 import logging
 import math
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -101,7 +102,8 @@ class Options:
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
-        on_lost: OnLost | None = None,
+        on_lost: Callable[[str, int], object]
+        | None = None,  # (async handles: or a coroutine function)
     ) -> None:
         self._manager = manager
         self._key = make_key(key)

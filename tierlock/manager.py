@@ -11,16 +11,20 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .backends import LockBackend, open_backend
-from .cohorts import released
+from .base import (
+    DEFAULT_DATABASE_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_REAPER_INTERVAL,
+    DEFAULT_TABLE,
+    DEFAULT_TTL,
+    ManagerBase,
+)
 from .handles import ReadLock, Semaphore
 from .keys import KeyLike, KeyTemplate, make_key
-from .lock import Lock, callback, flag, seconds
+from .lock import Lock, seconds
 from .permits import Permits
 from .reading import Readers
-from .reaper import Reaper
 from .records import LockInfo
-from .stats import Counters, LockStats
 from .tiers import OnLost, Tiers
 
 if TYPE_CHECKING:
@@ -31,18 +35,6 @@ __all__ = ["LockManager"]
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_URL = "sqlite:///tierlock.db"
-DEFAULT_TABLE = "tierlock_locks"
-DEFAULT_TTL = 30.0
-# Waiters take expired rows over themselves, so the reaper only sweeps rows nobody
-# asks for again; once a minute keeps the table small at negligible cost.
-DEFAULT_REAPER_INTERVAL = 60.0
-# The longest pause between two tries at a key held elsewhere (see tiers.FIRST_POLL).
-DEFAULT_POLL_INTERVAL = 0.1
-# How long one operation may keep failing to reach the database before BackendError.
-DEFAULT_DATABASE_TIMEOUT = 20.0
-
 
 _managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
 
@@ -55,7 +47,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class LockManager:
+class LockManager(ManagerBase):
     """Distributed locks kept in a database table, with a per-process first tier.
 
     ::
@@ -113,37 +105,25 @@ class LockManager:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
-        self.ttl: float = seconds("ttl", ttl)
-        self.renew: bool = flag("renew", renew)
-        self.on_lost: OnLost | None = callback("on_lost", on_lost)
-        self.poll_interval: float = seconds("poll_interval", poll_interval)
-        reaper_interval = seconds("reaper_interval", reaper_interval, none_ok=True)
-        if url is None and engine is None:
-            url = DEFAULT_URL
-        self._counters = Counters()
-        self.table: str = table
-        self._backend: LockBackend = open_backend(
+        super().__init__(
             url,
-            engine,
+            engine=engine,
             table=table,
+            ttl=ttl,
+            renew=renew,
+            on_lost=on_lost,
             create_table=create_table,
-            counters=self._counters,
-            timeout=seconds("database_timeout", database_timeout),
+            reaper_interval=reaper_interval,
+            poll_interval=poll_interval,
+            database_timeout=database_timeout,
         )
-        #: The database's URL, with any password hidden.
-        self.url: str = self._backend.location
         self._tiers = Tiers(
             self._backend, self._counters, poll_interval=self.poll_interval, idle=self.ttl / 3
         )
         self._reads = Readers(self._tiers)
         self._permits = Permits(self._tiers)
-        self._reaper = Reaper(self.reap)
         _managers.add(self)
-        if reaper_interval is not None:
-            self._reaper.start(reaper_interval)
-
-    def __repr__(self) -> str:
-        return f"<tierlock.LockManager url={self.url!r} table={self.table!r}>"
+        self._start_reaper()
 
     # -- handles ---------------------------------------------------------------
 
@@ -265,23 +245,11 @@ class LockManager:
 
         The old holder's next ``release()`` or ``extend()`` raises ``LockLostError``.
         """
-        key = make_key(key)
-        removed = self._backend.force_release(key)
-        released(key)
-        if removed:
-            logger.warning("lock %r force-released", key)
-        return removed
+        return self._force_release(make_key(key))
 
     def reap(self) -> int:
         """Delete every row whose lease has ended, now; return how many."""
-        count = self._backend.reap()
-        if count:
-            logger.warning("reaped %d expired lock row(s)", count)
-        return count
-
-    def stats(self) -> LockStats:
-        """What this manager has done so far, as counters; see :class:`LockStats`."""
-        return self._counters.snapshot()
+        return self._reap()
 
     def start_reaper(self, interval: float) -> None:
         """Reap every ``interval`` seconds in a background thread (restart if running)."""

@@ -116,6 +116,8 @@ class Exclusive:
             return False  # another task holds or asks for it, or other processes fight for it
         if entry is None:
             entry = self._keys[key] = _Key()
+        else:
+            core.counters.add("local_waits")
         waiter = Waiter(task, ttl, renew, on_lost, wait)
         entry.waiters.append(waiter)
         loop = asyncio.get_running_loop()

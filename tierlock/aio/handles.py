@@ -198,7 +198,7 @@ class AsyncSemaphore(AsyncHandle):
         renew: bool | None = None,
         on_lost: AsyncOnLost | None = None,
     ) -> None:
-        super().__init__(manager, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)  # type: ignore[arg-type]
+        super().__init__(manager, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
         self._permits = permit_count(permits)
 
     @property

@@ -9,21 +9,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..backends import LockBackend, open_backend
-from ..cohorts import released
-from ..keys import KeyLike, KeyTemplate, make_key
-from ..lock import callback, flag, seconds
-from ..manager import (
+from ..base import (
     DEFAULT_DATABASE_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_REAPER_INTERVAL,
     DEFAULT_TABLE,
     DEFAULT_TTL,
-    DEFAULT_URL,
+    ManagerBase,
 )
-from ..reaper import Reaper
+from ..keys import KeyLike, KeyTemplate, make_key
 from ..records import LockInfo
-from ..stats import Counters, LockStats
 from ..tiers import OnLost
 from .core import Core
 from .exclusive import Exclusive
@@ -44,7 +39,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
 
 
-class AsyncLockManager:
+class AsyncLockManager(ManagerBase):
     """Distributed locks kept in a database table, for asyncio tasks::
 
         async with AsyncLockManager("postgresql+psycopg://postgres@127.0.0.1/test") as locks:
@@ -79,34 +74,22 @@ class AsyncLockManager:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         database_timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
-        self.ttl: float = seconds("ttl", ttl)
-        self.renew: bool = flag("renew", renew)
-        self.on_lost: OnLost | None = callback("on_lost", on_lost)
-        self.poll_interval: float = seconds("poll_interval", poll_interval)
-        reaper_interval = seconds("reaper_interval", reaper_interval, none_ok=True)
-        if url is None and engine is None:
-            url = DEFAULT_URL
-        counters = Counters()
-        self.table: str = table
-        self._backend: LockBackend = open_backend(
+        super().__init__(
             url,
-            engine,
+            engine=engine,
             table=table,
+            ttl=ttl,
+            renew=renew,
+            on_lost=cast("OnLost | None", on_lost),
             create_table=create_table,
-            counters=counters,
-            timeout=seconds("database_timeout", database_timeout),
+            reaper_interval=reaper_interval,
+            poll_interval=poll_interval,
+            database_timeout=database_timeout,
         )
-        #: The database's URL, with any password hidden.
-        self.url: str = self._backend.location
-        self._core = Core(self._backend, counters, self.poll_interval, self.ttl / 3)
+        self._core = Core(self._backend, self._counters, self.poll_interval, self.ttl / 3)
         self._exclusive = Exclusive(self._core)
         self._shares = Shares(self._core, self._exclusive)
-        self._reaper = Reaper(self._reap)
-        if reaper_interval is not None:
-            self._reaper.start(reaper_interval)
-
-    def __repr__(self) -> str:
-        return f"<tierlock.aio.AsyncLockManager url={self.url!r} table={self.table!r}>"
+        self._start_reaper()
 
     # -- handles ---------------------------------------------------------------------
 
@@ -121,7 +104,7 @@ class AsyncLockManager:
     ) -> AsyncLock:
         """A handle on ``key``; see :class:`AsyncLock` and ``LockManager.lock``."""
         self._core.check_open()
-        return AsyncLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)  # type: ignore[arg-type]
+        return AsyncLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def write_lock(
         self,
@@ -146,7 +129,7 @@ class AsyncLockManager:
     ) -> AsyncReadLock:
         """A handle on the read hold of ``key``; see :class:`AsyncReadLock`."""
         self._core.check_open()
-        return AsyncReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)  # type: ignore[arg-type]
+        return AsyncReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def semaphore(
         self,
@@ -222,26 +205,11 @@ class AsyncLockManager:
 
     async def force_release(self, key: KeyLike) -> bool:
         """Delete whatever row holds ``key``, whoever's it is; ``False`` if none did."""
-        key = make_key(key)
-        removed = await self._core.call(self._backend.force_release, key)
-        released(key)
-        if removed:
-            logger.warning("lock %r force-released", key)
-        return removed
+        return await self._core.call(self._force_release, make_key(key))
 
     async def reap(self) -> int:
         """Delete every row whose lease has ended, now; return how many."""
         return await self._core.call(self._reap)
-
-    def _reap(self) -> int:
-        count = self._backend.reap()
-        if count:
-            logger.warning("reaped %d expired lock row(s)", count)
-        return count
-
-    def stats(self) -> LockStats:
-        """What this manager has done so far, as counters; see ``LockStats``."""
-        return self._core.counters.snapshot()
 
     async def aclose(self) -> None:
         """Send waiting tasks away with ``LockError``, finish the manager's own tasks,

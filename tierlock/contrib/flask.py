@@ -46,10 +46,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .. import admin
 from ..backends.sql.table import check_table_name
+from ..base import DEFAULT_TABLE, DEFAULT_TTL
 from ..errors import BackendError, LockError
 from ..keys import KeyLike
 from ..lock import Lock, seconds
-from ..manager import DEFAULT_TABLE, DEFAULT_TTL, LockManager
+from ..manager import LockManager
 from ..tiers import OnLost
 from .lazy import LazyLockManager, synchronized_by
 

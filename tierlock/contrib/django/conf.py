@@ -28,7 +28,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from sqlalchemy.engine import URL, make_url
 
-from ...manager import DEFAULT_TABLE, LockManager
+from ...base import DEFAULT_TABLE
+from ...manager import LockManager
 
 __all__ = ["DEFAULT_ALIAS", "Target", "database_url", "resolve", "snapshot"]
 
