@@ -222,6 +222,52 @@ def ahammer(
         raise
 
 
+def ahold(
+    *,
+    url: str,
+    table: str,
+    key: str,
+    ttl: float,
+    held: Event,
+    resumed: Event,
+    results: Connection[Any, Any],
+) -> None:
+    """``hold_through_a_stop`` for a task of an ``AsyncLockManager``, with a coroutine
+    ``on_lost``: take ``key``, set ``held``, and once ``resumed`` is set (the parent may
+    have stopped or killed this process meanwhile) send back what it learnt."""
+    from tierlock.aio import AsyncLockManager
+
+    async def main() -> dict[str, Any]:
+        calls: list[tuple[str, int]] = []
+        told = asyncio.Event()
+
+        async def on_lost(lost_key: str, token: int) -> None:
+            calls.append((lost_key, token))
+            told.set()
+
+        async with AsyncLockManager(
+            url, table=table, reaper_interval=None, on_lost=on_lost
+        ) as locks:
+            lock = locks.lock(key, ttl=ttl)
+            if not await lock.acquire(timeout=WAIT_LIMIT):
+                raise AssertionError(f"could not take {key!r}")
+            token = lock.token
+            held.set()
+            await asyncio.to_thread(resumed.wait, HOLD_LIMIT)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(told.wait(), WAIT_LIMIT)
+            report: dict[str, Any] = {"token": token, "told": told.is_set(), "calls": calls}
+            report["owned"] = lock.owned()
+            try:
+                await lock.release()
+                report["raised"] = None
+            except tierlock.LockError as exc:
+                report["raised"] = type(exc).__name__
+            return report
+
+    results.send(asyncio.run(main()))
+
+
 def take_turns(
     *,
     url: str,

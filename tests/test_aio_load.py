@@ -1,9 +1,14 @@
-"""Many tasks, and async beside sync managers in several processes, on every database."""
+"""Many tasks, async beside sync managers in several processes, and async holders
+stopped or killed, on every database."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
+import time
+from typing import Any
 
 import procs
 import pytest
@@ -158,3 +163,84 @@ def test_a_manager_per_loop(opener: Opener, key: str) -> None:
             await locks.aclose()
 
         run(main)
+
+
+def start_async_holder(
+    children: procs.Children, db_url: str, table: str, key: str, ttl: float
+) -> tuple[int, Any, Any, Any]:
+    """A child whose task holds ``key``; its pid, ``resumed`` event and report pipe."""
+    held, resumed = procs.CTX.Event(), procs.CTX.Event()
+    reader, writer = procs.CTX.Pipe(duplex=False)
+    child = children.start(
+        procs.ahold,
+        url=db_url,
+        table=table,
+        key=key,
+        ttl=ttl,
+        held=held,
+        resumed=resumed,
+        results=writer,
+    )
+    writer.close()
+    assert held.wait(procs.WAIT_LIMIT)
+    assert child.pid is not None
+    return child.pid, resumed, reader, child
+
+
+@pytest.mark.slow
+def test_a_killed_async_holder_s_key_is_reclaimed_at_once(
+    db_url: str, table: str, opener: Opener, key: str, children: procs.Children
+) -> None:
+    pid, _, _, child = start_async_holder(children, db_url, table, key, ttl=LONG)
+    os.kill(pid, signal.SIGKILL)
+    child.join(LONG)
+
+    async def main() -> float:
+        async with opener() as locks:
+            lock = locks.lock(key)
+            began = time.monotonic()
+            assert await lock.acquire(timeout=LONG)
+            waited = time.monotonic() - began
+            assert locks.stats().reclaims == 1
+            await lock.release()
+            return waited
+
+    assert run(main) < LONG / 3  # not the lease: the holder was seen gone
+    children.forget(child)
+
+
+@pytest.mark.slow
+def test_a_stopped_async_holder_loses_its_hold_and_is_told(
+    db_url: str, table: str, opener: Opener, key: str, children: procs.Children
+) -> None:
+    ttl = 1.0
+    pid, resumed, reader, _ = start_async_holder(children, db_url, table, key, ttl=ttl)
+    os.kill(pid, signal.SIGSTOP)
+
+    async def main() -> int:
+        async with opener() as locks:
+            lock = locks.lock(key)
+            try:
+                assert await lock.acquire(timeout=LONG)  # once the stopped lease ended
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            resumed.set()
+            assert await asyncio.to_thread(reader.poll, LONG), "no report from the holder"
+            info = await locks.info(key)
+            assert info is not None and info.token == lock.token  # untouched by it
+            token = lock.token
+            assert token is not None
+            await lock.release()
+            return token
+
+    token = run(main)
+    report = reader.recv()
+    children.join()
+    assert token > report["token"]
+    assert report == {
+        "token": report["token"],
+        "told": True,
+        "calls": [(key, report["token"])],
+        "owned": False,
+        "raised": "LockLostError",
+    }

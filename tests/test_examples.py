@@ -119,7 +119,9 @@ def test_fencing_refuses_the_stalled_holder(db_url: str, table: str, tmp_path: P
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("script", ["flask_app.py", "django_service.py", "fencing.py"])
+@pytest.mark.parametrize(
+    "script", ["flask_app.py", "django_service.py", "fencing.py", "fastapi_transfers.py"]
+)
 def test_examples_default_to_sqlite_in_a_temporary_directory(script: str, tmp_path: Path) -> None:
     run_ok(script, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == [], "nothing is left in the working directory"
@@ -156,6 +158,24 @@ def test_semaphore_keeps_the_provider_within_its_limit(
     assert most is not None and 2 <= int(most[1]) <= 3, out
     assert "refused by the provider: 0" in out
     assert "charged 200 of 200" in out
+
+
+@pytest.mark.multiprocess
+def test_fastapi_transfers_keep_the_total_only_with_the_locks(
+    db_url: str, table: str, tmp_path: Path
+) -> None:
+    out = run_ok("fastapi_transfers.py", "--url", db_url, "--table", table, cwd=tmp_path)
+    counts = re.search(r"200 concurrent transfers in [\d.]+ s: (\d+) made, (\d+) refused", out)
+    assert counts is not None, out
+    made, refused = int(counts[1]), int(counts[2])
+    assert made + refused == 200 and made > 0 and refused > 0
+    rows = re.findall(r"user \d: balance +(-?\d+), expected +(-?\d+)", out)
+    assert len(rows) == 5
+    assert all(balance == expected and int(balance) >= 0 for balance, expected in rows)
+    assert "total 500 of 500" in out
+    unguarded = re.search(r"without the locks: total (\d+) of 500", out)
+    assert unguarded is not None and int(unguarded[1]) != 500, out
+    assert "every balance adds up" in out
 
 
 @pytest.mark.multiprocess
