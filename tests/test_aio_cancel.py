@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from aiohelpers import Gate, Holder, Opener, rows, run, settled
@@ -227,3 +228,33 @@ def test_cancelled_while_its_release_is_in_flight(
             await free_for_the_next(locks, key)
 
     run(main)
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_cancelled_just_after_its_wait_timed_out(
+    opener: Opener, key: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wait's time runs out, and a cancel comes before the task runs again: the
+    task holds nothing, and the holder keeps its hold."""
+
+    async def main() -> None:
+        async with opener() as locks:
+            handle = locks.lock(key) if kind == "lock" else locks.semaphore(key, 1)
+            holder = Holder(handle)
+            assert await holder.holds()
+            loop = asyncio.get_running_loop()
+            waiter = asyncio.create_task(handle.acquire(timeout=0.05))
+            await asyncio.sleep(0)  # (it waits, its timer set)
+            loop.call_later(0.06, waiter.cancel)
+            time.sleep(0.2)  # both timers are due at the loop's next turn, in that order
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await settled(locks)
+            assert await rows(locks) != []
+            assert not handle.owned()
+            await holder.release()  # still the holder's to release
+            await settled(locks)
+            assert await rows(locks) == []
+
+    run(main)
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]

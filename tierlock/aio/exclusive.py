@@ -126,9 +126,9 @@ class Exclusive:
         try:
             held: bool = await waiter.future
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            if entry.holder is task:  # the hold reached it as it was cancelled: pass it on
                 with contextlib.suppress(LockError):  # (closed: the row expires)
-                    self.abandon(key)  # the hold reached it as it was cancelled: pass it on
+                    self.abandon(key)
             else:
                 entry.leave(waiter)
                 self._kick(key, entry)

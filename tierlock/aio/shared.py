@@ -242,8 +242,11 @@ class Shares:
         try:
             got: Got | None = await waiter.future
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self._core.spawn(self._let_go(key, waiter.future.result()))
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                got = future.result()
+                if got is not None:  # it reached the task as it was cancelled: give it back
+                    self._core.spawn(self._let_go(key, got))
             raise
         finally:
             if timer is not None:
