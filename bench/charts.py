@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .report import DATABASE_TITLES, Row, figures
-from .workload import Scenario
+from .report import DATABASE_TITLES, Row, Titled, figures
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -38,6 +37,8 @@ COLOURS = {
     "advisory": "tab:green",
     "redis": "tab:red",
     "floor": "tab:gray",
+    "tierlock-aio": "tab:purple",
+    "redis-aio": "tab:pink",
 }
 # The figures of each panel row, with what they share: the name of the y axis and,
 # for a row of several figures, what tells them apart (lighter: p50, full: p99).
@@ -56,7 +57,7 @@ PERCENTILES = ("p50", "p99")
 SPAN = 20.0
 
 
-def chart_file(scenario: Scenario) -> str:
+def chart_file(scenario: Titled) -> str:
     """The chart's file name, beside the report and linked from it."""
     return f"{scenario.name}.png"
 
@@ -166,7 +167,7 @@ def label_rows(axes: Axes, rows: Sequence[Row]) -> None:
             label.set_color("tab:red")
 
 
-def draw(scenario: Scenario, rows: Sequence[Row], databases: Sequence[str], path: Path) -> None:
+def draw(scenario: Titled, rows: Sequence[Row], databases: Sequence[str], path: Path) -> None:
     """Write the chart of one scenario: a column per database with rows, as in the report."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -14,7 +14,10 @@ The exit status is 1 if a cell failed or a lock let two sections of a key overla
     python -m bench --db postgresql --scenario flash-sale --scenario renewal
 
 The ``renewal`` scenario measures tierlock alone: one process holding many locks, with
-and without renewed leases (see :mod:`bench.renewal`).
+and without renewed leases (see :mod:`bench.renewal`). The asyncio scenarios,
+``async-hot`` and ``async-spread``, put tierlock's ``AsyncLockManager`` (``--impl
+tierlock-aio``) next to its sync manager driven by threads (``--impl tierlock``) and
+redis-py's asyncio ``Lock`` (``--impl redis-aio``); see :mod:`bench.asyncio_cells`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ import sqlalchemy
 import tierlock
 
 from .acquire_release import compare
+from .asyncio_cells import ASYNC_SCENARIOS, AsyncScenario, run_async_cell
+from .asyncio_report import async_section
+from .asyncio_subjects import async_implementations
 from .charts import chart_file, draw
 from .command import (
     Started,
@@ -48,11 +54,15 @@ from .interface import Implementation
 from .renewal import HOLDS, RENEWAL, RENEWAL_TTL, RenewalRow, renewal_section, run_renewal
 from .report import LEGEND, Row, scenario_section
 from .subjects import implementations
-from .workload import SCENARIOS, SECTION, CellError, Scenario, run_cell
+from .workload import SCENARIOS, SECTION, Cell, CellError, Scenario, run_cell
 
-IMPLEMENTATIONS = ("tierlock", "table-only", "get-lock", "advisory", "redis", "floor")
+IMPLEMENTATIONS = (
+    *("tierlock", "table-only", "get-lock", "advisory", "redis", "floor"),
+    *("tierlock-aio", "redis-aio"),  # the asyncio scenarios'
+)
 ACQUIRE_RELEASE = "acquire-release"
-ALL = (*SCENARIOS, RENEWAL, ACQUIRE_RELEASE)
+MEASURED: dict[str, Scenario | AsyncScenario] = {**SCENARIOS, **ASYNC_SCENARIOS}
+ALL = (*MEASURED, RENEWAL, ACQUIRE_RELEASE)
 OUTPUT = Path(__file__).resolve().parent / "results" / "results.md"
 
 
@@ -60,7 +70,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cell_parser(
         "python -m bench",
         "tierlock next to the lock table alone, the servers' own locks, "
-        "redis-py's Lock and two bare round trips, under the same workloads.",
+        "redis-py's Lock and two bare round trips, under the same workloads; "
+        "tierlock.aio next to threads and redis-py's asyncio Lock.",
         IMPLEMENTATIONS,
         ALL,
     )
@@ -96,9 +107,10 @@ def header(args: argparse.Namespace, skipped: list[str], started: Started) -> li
         f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
         "time.perf_counter() unless the scenario says otherwise; tierlock and table-only "
         "with the default poll_interval, renewed leases, reaper off; GET_LOCK and advisory "
-        "locks block on the server, one connection per thread; redis-py Lock blocks with "
-        "its default 0.1 s sleep; tries without waiting: acquire(blocking=False), "
-        "GET_LOCK(k, 0), pg_try_advisory_lock, redis-py acquire(blocking=False)",
+        "locks block on the server, one connection per thread; redis-py Lock (and its "
+        "asyncio Lock) blocks with its default 0.1 s sleep; tries without waiting: "
+        "acquire(blocking=False), GET_LOCK(k, 0), pg_try_advisory_lock, redis-py "
+        "acquire(blocking=False)",
         f"- legend: {LEGEND}",
     ]
     return started.header("tierlock benchmark", details, skipped, load_at_end=False)
@@ -110,35 +122,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenarios = [name for name in ALL if name in (args.scenario or ALL)]
     chosen = set(args.impl or IMPLEMENTATIONS)
     with tempfile.TemporaryDirectory(prefix="tierlock-bench-") as scratch:
-        urls, redis_url, skipped = servers(args, Path(scratch), "redis" in chosen)
+        redis_wanted = bool(chosen & {"redis", "redis-aio"})
+        urls, redis_url, skipped = servers(args, Path(scratch), redis_wanted)
         for note in skipped:
             print(f"skipped {note}", file=sys.stderr)
-        subjects = [
-            implementation
-            for implementation in implementations(urls, args.table, args.table[-12:], redis_url)
-            if implementation.name in chosen
-        ]
+        run = args.table[-12:]
+        subjects = {
+            name: [
+                implementation
+                for implementation in (
+                    async_implementations(urls, args.table, run, redis_url)
+                    if isinstance(scenario, AsyncScenario)
+                    else implementations(urls, args.table, run, redis_url)
+                )
+                if implementation.name in chosen
+            ]
+            for name, scenario in MEASURED.items()
+            if name in scenarios
+        }
         renewals = [
             RenewalRow(database, url, renew)
             for database, url in urls.items()
             if RENEWAL in scenarios and "tierlock" in chosen
             for renew in (True, False)
         ]
-        if not subjects and not urls:
+        if not any(subjects.values()) and not urls:
             print("nothing to measure", file=sys.stderr)
             return 1
         with lock_tables(urls.values(), args.table):
-            rows = run_cells(
-                args, [SCENARIOS[n] for n in scenarios if n in SCENARIOS], subjects, urls, renewals
-            )
+            rows = run_cells(args, subjects, urls, renewals)
         lines: list[str] = []
         charts = {
-            name: chart_file(SCENARIOS[name])
+            name: chart_file(MEASURED[name])
             for name, scenario_rows in rows.items()
             if scenario_rows and urls
         }
         for name, scenario_rows in rows.items():
-            lines += scenario_section(SCENARIOS[name], scenario_rows, list(urls), charts.get(name))
+            scenario = MEASURED[name]
+            if isinstance(scenario, AsyncScenario):
+                lines += async_section(scenario, scenario_rows, list(urls), charts.get(name))
+            else:
+                lines += scenario_section(scenario, scenario_rows, list(urls), charts.get(name))
         if renewals:
             lines += renewal_section(renewals, list(urls), args.renewal_holds, args.renewal_ttl)
         if ACQUIRE_RELEASE in scenarios and urls:
@@ -150,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
     publish(header(args, skipped, started) + lines, args.output)
     for name, file in charts.items():  # after the report, which a failed chart must not cost
-        draw(SCENARIOS[name], rows[name], list(urls), args.output.parent / file)
+        draw(MEASURED[name], rows[name], list(urls), args.output.parent / file)
     every = [row for scenario_rows in rows.values() for row in scenario_rows]
     failed = any(row.failure is not None or row.violated() for row in every) or any(
         row.failure is not None or any(cell.leftover for cell in row.cells) for row in renewals
@@ -160,36 +184,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_cells(
     args: argparse.Namespace,
-    scenarios: list[Scenario],
-    subjects: list[Implementation],
+    subjects: dict[str, list[Implementation]],
     urls: dict[str, str],
     renewals: list[RenewalRow],
 ) -> dict[str, list[Row]]:
-    """Every cell, ``args.repeats`` times, interleaved; rows by scenario name. Renewal
-    cells are added to their ``renewals`` rows.
+    """Every cell of each scenario (by name) and its ``subjects``, ``args.repeats``
+    times, interleaved; rows by scenario name. Renewal cells are added to their
+    ``renewals`` rows.
 
     After each cell of a lock table, the rows left in it are counted (and removed).
     """
-    rows = {scenario.name: [Row(subject, []) for subject in subjects] for scenario in scenarios}
+    rows = {name: [Row(subject, []) for subject in chosen] for name, chosen in subjects.items()}
     for repeat in range(args.repeats):
-        for scenario in scenarios:
-            for row in rows[scenario.name]:
+        for name, scenario_rows in rows.items():
+            scenario = MEASURED[name]
+            for row in scenario_rows:
                 implementation = row.implementation
                 if row.failure is not None:
                     continue
                 where = f"{implementation.label} on {implementation.database or 'redis'}"
+                cell: Cell
                 try:
-                    cell = run_cell(implementation, scenario, args.seconds)
+                    if isinstance(scenario, AsyncScenario):
+                        cell = run_async_cell(implementation, scenario, args.seconds)
+                    else:
+                        cell = run_cell(implementation, scenario, args.seconds)
                 except CellError as exc:
                     row.failure = str(exc)
-                    print(f"{scenario.name}, {where} failed:\n{exc}", file=sys.stderr)
+                    print(f"{name}, {where} failed:\n{exc}", file=sys.stderr)
                     continue
-                if implementation.name in ("tierlock", "table-only"):
+                if implementation.name in ("tierlock", "table-only", "tierlock-aio"):
                     assert implementation.database is not None
                     cell.leftover = rows_in(urls[implementation.database], args.table)
                 row.cells.append(cell)
                 print(
-                    f"repeat {repeat + 1}/{args.repeats} {scenario.name}, {where}: "
+                    f"repeat {repeat + 1}/{args.repeats} {name}, {where}: "
                     f"{sum(cell.sections) / cell.elapsed:.0f} sections/s",
                     file=sys.stderr,
                 )

@@ -1,8 +1,9 @@
 """What the harness drives, whatever the lock: an :class:`Implementation` is a row of
 the report; it opens a :class:`Subject` once in every worker process, which gives every
 thread of the process a :class:`Contender`: its way to take and free a key, named by
-index, waiting for it (``acquire``) or not (``try_acquire``). Statements are counted
-where they are sent, never assumed.
+index, waiting for it (``acquire``) or not (``try_acquire``). An asyncio lock opens an
+:class:`AsyncSubject` instead, whose :class:`AsyncContender` serves one task of the
+process's event loop. Statements are counted where they are sent, never assumed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 # How long any acquire may wait before the run counts as broken rather than slow.
@@ -70,12 +72,40 @@ class Subject(abc.ABC):
         """Close what the subject opened."""
 
 
+class AsyncContender(abc.ABC):
+    """One task's way to take and free keys by index, in the event loop of its process."""
+
+    @abc.abstractmethod
+    def lock(self, index: int) -> AbstractAsyncContextManager[object]:
+        """Key ``index``, taken by ``async with`` (waiting as long as it is held
+        elsewhere) and freed at its end."""
+
+
+class AsyncSubject(abc.ABC):
+    """One process's side of an asyncio lock, made and closed in its event loop's thread."""
+
+    @abc.abstractmethod
+    def contender(self) -> AsyncContender:
+        """A contender for one task."""
+
+    @abc.abstractmethod
+    def statements(self) -> int:
+        """Statements or commands sent so far; may be called from any thread."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close what the subject opened."""
+
+
 @dataclass(frozen=True)
 class Implementation:
     """A lock implementation on one server, as a row of the report."""
 
-    name: str  # for --impl: tierlock, table-only, get-lock, advisory, redis, floor
+    # For --impl: tierlock, table-only, get-lock, advisory, redis, floor; in the asyncio
+    # scenarios, tierlock-aio and redis-aio beside tierlock.
+    name: str
     label: str  # the row's label
     database: str | None  # None: needs none of them, shown in every database's table
-    open: Callable[[], Subject]  # called in each worker process
+    # Called in each worker process; an AsyncSubject, in the thread of its event loop.
+    open: Callable[[], Subject | AsyncSubject]
     excludes: bool = True  # False for the floor, whose violations are expected

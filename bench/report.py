@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .interface import Implementation
-from .workload import Cell, Scenario
+from .workload import Cell
 
 DATABASE_TITLES = {"sqlite": "SQLite", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
 
@@ -166,15 +166,18 @@ def figure(
     return f"{text} ({value / base:.2f}x)"
 
 
-def scenario_table(rows: Sequence[Row], columns: dict[str, str] = COLUMNS) -> list[str]:
-    """One scenario's rows on one database, tierlock's first, as markdown lines."""
-    reference = next((row for row in rows if row.implementation.name == "tierlock"), None)
+def scenario_table(
+    rows: Sequence[Row], columns: dict[str, str] = COLUMNS, reference: str = "tierlock"
+) -> list[str]:
+    """One scenario's rows on one database, the ``reference`` row's first (named as for
+    ``--impl``: the others' ratios divide by its figures), as markdown lines."""
+    base = next((row for row in rows if row.implementation.name == reference), None)
     lines = [
         "| implementation | " + " | ".join(columns.values()) + " | violations |",
         "|---|" + "---:|" * len(columns) + "---|",
     ]
     for row in rows:
-        cells = [figure(row, name, reference) for name in columns]
+        cells = [figure(row, name, base) for name in columns]
         lines.append(
             f"| {row.implementation.label} | " + " | ".join(cells) + f" | {row.violations()} |"
         )
@@ -191,14 +194,37 @@ def scenario_table(rows: Sequence[Row], columns: dict[str, str] = COLUMNS) -> li
     return lines
 
 
+class Titled(Protocol):
+    """A scenario as the report and the charts show it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def blocking(self) -> bool:
+        """Whether threads wait for their keys, rather than try them once."""
+
+
 def scenario_section(
-    scenario: Scenario, rows: Sequence[Row], databases: Sequence[str], chart: str | None = None
+    scenario: Titled,
+    rows: Sequence[Row],
+    databases: Sequence[str],
+    chart: str | None = None,
+    intro: Sequence[str] = (),
+    reference: str = "tierlock",
 ) -> list[str]:
     """The tables of one scenario, one per database; rows without one appear in each.
-    ``chart``: the scenario's chart, relative to the report, to show above them."""
+    ``chart``: the scenario's chart, relative to the report, to show above them and the
+    paragraphs of ``intro``; ``reference``: the row whose figures the others' ratios
+    divide by, named as for ``--impl``."""
     lines = [f"## {scenario.name}: {scenario.description}", ""]
     if chart is not None:
         lines += [f"![{scenario.name}: throughput and wait by database]({chart})", ""]
+    for paragraph in intro:
+        lines += [paragraph, ""]
     columns = COLUMNS
     if not scenario.blocking:
         columns = TRY_COLUMNS
@@ -206,5 +232,6 @@ def scenario_section(
     for database in databases:
         chosen = [row for row in rows if row.implementation.database in (database, None)]
         if chosen:
-            lines += [f"### {DATABASE_TITLES[database]}", "", *scenario_table(chosen, columns), ""]
+            table = scenario_table(chosen, columns, reference)
+            lines += [f"### {DATABASE_TITLES[database]}", "", *table, ""]
     return lines

@@ -229,7 +229,10 @@ class Worker(ProcessWorker[Subject, Contender]):
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
 
     def open(self) -> Subject:
-        return self.implementation.open()
+        subject = self.implementation.open()
+        if not isinstance(subject, Subject):
+            raise TypeError(f"{self.implementation.label} is driven by tasks, not threads")
+        return subject
 
     def member(self, side: Subject) -> Contender:
         return side.contender()

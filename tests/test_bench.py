@@ -3,9 +3,10 @@
 Timings are for people to read, not for tests: what is checked is that every row is
 reported, that no lock let two sections of a key overlap while the floor, which locks
 nothing, was caught doing so, that counts add up (wins within tries, one heartbeat
-statement per 512 renewed holds, none without renewal), that each scenario's chart is
-a readable PNG linked under its heading, and that a run leaves no table and no process
-behind.
+statement per 512 renewed holds, none without renewal), that the asyncio scenarios'
+tasks share a few threads where the sync manager needs one per worker, that each
+scenario's chart is a readable PNG linked under its heading, and that a run leaves no
+table and no process behind.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 SCENARIOS = ("uncontended", "hot-4x4")  # one thread; processes contending
 FLOOR = "floor: 2x SELECT 1"
 REDIS = "redis-py Lock"
+ASYNC_SCENARIOS = ("async-hot", "async-spread")
+ASYNC_ROWS = ["tierlock.aio", "tierlock, threads", "redis.asyncio Lock"]
 LOCKS = {
     "sqlite": ["tierlock", "table-only"],
     "mariadb": ["tierlock", "table-only", "GET_LOCK"],
@@ -47,11 +50,12 @@ def require_redis() -> None:
         client.close()
 
 
-def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_bench(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m bench`` from this checkout, briefly."""
     return procs.run_python(
         *("-m", "bench", "--seconds", "0.1", "--repeats", "1", "--iterations", "20", *args),
         cwd=cwd,
+        timeout=timeout,
     )
 
 
@@ -191,6 +195,61 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     assert [value(cell) for cell in fixed[1:3]] == [0, 0], report
     assert renewed[-1] == fixed[-1] == "0", "every hold is released"
     check_charts(report, tmp_path, ["flash-sale"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_path: Path) -> None:
+    require_redis()
+    output = tmp_path / "results.md"
+    table = f"bench_{uuid.uuid4().hex[:12]}"
+    result = run_bench(
+        *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
+        *(f"--scenario={scenario}" for scenario in ASYNC_SCENARIOS),
+        *("--seconds", "0.3"),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = output.read_text(encoding="utf-8")
+    assert report in result.stdout
+
+    for scenario in ASYNC_SCENARIOS:
+        found = rows(report, scenario)
+        assert list(found) == ASYNC_ROWS, report
+        for label, cells in found.items():
+            assert cells[-1] == "0", f"{scenario}: {label} violated exclusion\n{report}"
+            # Every worker finishes the section under way at the stop: each row ran some,
+            # and sent statements (commands) for them.
+            assert value(cells[5]) > 0, f"{scenario}: {label} sent nothing\n{report}"
+        if scenario == "async-hot":
+            # Holds pass between tasks (threads) of one manager with no statement.
+            for label in ASYNC_ROWS[:2]:
+                assert value(found[label][0]) > 0, f"{label} ran no section\n{report}"
+                assert value(found[label][5]) < 1, f"{label}: a statement per section\n{report}"
+        section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
+        summary = section.split("\n### tierlock.aio next to the others\n", 1)[1]
+        line = [line for line in summary.splitlines() if line.startswith("|")][2]
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        # The database, tierlock.aio's sections/s and its ratios to the other two rows',
+        # then the threads of each row's process as the run stopped.
+        assert len(cells) == 7, report
+        aio_threads, sync_threads, redis_threads = (int(cell) for cell in cells[4:])
+        workers = 100 if scenario == "async-hot" else 32
+        assert sync_threads > workers, f"a thread per worker, and the manager's\n{report}"
+        # The tasks share the loop's thread, and the manager a few of its own (statements,
+        # doorbells, heartbeat), whatever the number of tasks.
+        assert aio_threads < 24 and redis_threads < 24, report
+        if scenario == "async-hot":
+            assert all(value(cell) > 0 for cell in cells[1:4]), report
+    check_charts(report, tmp_path, ASYNC_SCENARIOS)
+
+    engine = create_engine(db_url)
+    try:
+        assert not inspect(engine).has_table(table), "the lock table is dropped afterwards"
+    finally:
+        engine.dispose()
+    assert processes_naming(table) == [], "no worker outlives the run"
 
 
 @pytest.mark.multiprocess
