@@ -140,3 +140,12 @@ class Holder:
     async def release(self) -> None:
         self._done.set()
         await self.task
+
+
+async def swept(locks: AsyncLockManager) -> None:
+    """Wait until the table is empty: rows of cancelled statements are swept by the
+    backend's own thread, once the database says no statement for them still runs."""
+    deadline = asyncio.get_running_loop().time() + LONG
+    while await rows(locks):
+        assert asyncio.get_running_loop().time() < deadline, await rows(locks)
+        await asyncio.sleep(0.02)

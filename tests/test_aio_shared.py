@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiohelpers import Gate, Holder, Opener, rows, run, run_with_one_worker, settled
+from aiohelpers import Gate, Holder, Opener, rows, run, run_with_one_worker, settled, swept
 from conftest import MakeManager
 
 import tierlock
@@ -196,5 +196,47 @@ def test_cancelled_while_its_try_is_in_flight(
             await follower.release()
             await settled(locks)
             assert await rows(locks) == []
+
+    run(main)
+
+
+def test_cancelled_while_its_downgrade_is_in_flight(opener: Opener, key: str) -> None:
+    async def main() -> None:
+        async with opener() as locks:
+            writer, reader = locks.lock(key), locks.read_lock(key)
+            go, released = asyncio.Event(), asyncio.Event()
+            outcome: list[bool] = []
+
+            async def downgrade() -> None:
+                await writer.acquire()
+                await reader.acquire()
+                await go.wait()
+                try:
+                    await writer.release()
+                finally:
+                    outcome.append(reader.owned())
+                    try:
+                        await reader.release()
+                    except tierlock.NotHeldError:
+                        outcome.append(False)  # it knows it holds no read hold
+                    released.set()
+
+            task = asyncio.create_task(downgrade())
+            await asyncio.sleep(0)
+            shared = locks._backend.shared
+            assert shared is not None
+            gate = Gate(shared, "downgrade", after=True)
+            go.set()
+            await gate.reached()
+            task.cancel()
+            await released.wait()
+            gate.open()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert outcome == [False, False]  # the task holds nothing, and knows it
+            await swept(locks)
+            follower = Holder(locks.lock(key))
+            assert await follower.holds()
+            await follower.release()
 
     run(main)

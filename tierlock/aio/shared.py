@@ -157,6 +157,9 @@ class Shares:
                     ttl if renew else None,
                     undo=lambda: core.backend.discard(row, reader.owner_id, certain=True),
                 )
+        except asyncio.CancelledError:  # (its read hold is swept: the task has none)
+            del self._held[(key, current_task(), False)]
+            raise
         finally:
             self._exclusive.put_back(key)
             if hold.ring is not None:
