@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from .asyncio_subjects import TASK_ROWS
 from .interface import AsyncContender, AsyncSubject, Contender, Implementation, Subject
 from .tally import Tally
-from .workload import KEYS, Cell, Closes, Opened, ProcessWorker, Report, run_workers
+from .workload import KEYS, Cell, Closes, Opened, ProcessWorker, Report, Threaded, run_workers
 
 T = TypeVar("T")
 S = TypeVar("S", bound=Opened)
@@ -260,21 +260,8 @@ class TaskWorker(Workers[TaskSide, Loop]):
             mine.waits.append(waited)
 
 
-class ThreadWorker(Workers[Subject, Contender]):
+class ThreadWorker(Threaded, Workers[Subject, Contender]):
     """The sync manager's process: a thread per worker, as the other scenarios run."""
-
-    def open(self) -> Subject:
-        subject = self.implementation.open()
-        if not isinstance(subject, Subject):
-            raise TypeError(f"{self.implementation.label} is driven by tasks, not threads")
-        return subject
-
-    def member(self, side: Subject) -> Contender:
-        return side.contender()
-
-    def warm_up(self, member: Contender, me: int) -> None:
-        member.acquire(KEYS + me)
-        member.release(KEYS + me)
 
     def run(self, contender: Contender, me: int) -> None:
         """Sections until the stop; the one under way then is run but not counted."""

@@ -204,7 +204,27 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
             self.fail()
 
 
-class Worker(ProcessWorker[Subject, Contender]):
+class Threaded:
+    """What a worker process whose threads each drive a contender of a subject does to
+    open, join and warm up."""
+
+    implementation: Implementation
+
+    def open(self) -> Subject:
+        subject = self.implementation.open()
+        if not isinstance(subject, Subject):
+            raise TypeError(f"{self.implementation.label} is driven by tasks, not threads")
+        return subject
+
+    def member(self, side: Subject) -> Contender:
+        return side.contender()
+
+    def warm_up(self, member: Contender, me: int) -> None:
+        member.acquire(KEYS + me)
+        member.release(KEYS + me)
+
+
+class Worker(Threaded, ProcessWorker[Subject, Contender]):
     """A worker process of the lock benchmark. Its report adds per-thread section counts,
     wait samples, sections run in all and overlaps seen."""
 
@@ -227,19 +247,6 @@ class Worker(ProcessWorker[Subject, Contender]):
         }
         super().__init__(scenario.threads, number, start, stop, report)
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
-
-    def open(self) -> Subject:
-        subject = self.implementation.open()
-        if not isinstance(subject, Subject):
-            raise TypeError(f"{self.implementation.label} is driven by tasks, not threads")
-        return subject
-
-    def member(self, side: Subject) -> Contender:
-        return side.contender()
-
-    def warm_up(self, member: Contender, me: int) -> None:
-        member.acquire(KEYS + me)
-        member.release(KEYS + me)
 
     def run(self, contender: Contender, me: int) -> None:
         """Sections until the stop; the one under way then is run but not counted."""
