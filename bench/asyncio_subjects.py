@@ -14,14 +14,14 @@ from tierlock.aio import AsyncLock, AsyncLockManager
 
 from .interface import TTL, WAIT_LIMIT, AsyncContender, AsyncSubject, Implementation
 from .subjects import TierlockSubject
-from .workload import KEYS
 
 # The rows that tasks drive; the others, threads.
 TASK_ROWS = ("tierlock-aio", "redis-aio")
-# The asyncio client's pool: up to a connection per task (the largest scenario has one
-# per key), as the threads' redis-py Lock has one per thread. Its default, 100, raises
-# MaxConnectionsError when more tasks than that send at once.
-REDIS_CONNECTIONS = KEYS
+# The asyncio client's pool: a blocking one, in which a task waits for a free connection.
+# The default pool raises MaxConnectionsError past 100 tasks sending at once, and a
+# connection per task (1000) opened at once overflows the server's listen backlog (511)
+# and times out on a busy machine.
+REDIS_CONNECTIONS = 64
 
 
 class AsyncTierlockContender(AsyncContender):
@@ -91,7 +91,9 @@ class AsyncRedisSubject(AsyncSubject):
     """One client per process, its pool of connections shared by the tasks."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        self.pool = redis.asyncio.ConnectionPool.from_url(url, max_connections=REDIS_CONNECTIONS)
+        self.pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=REDIS_CONNECTIONS, timeout=None
+        )
         self.client = CountingAsyncRedis(connection_pool=self.pool)
         self.prefix = prefix
 
