@@ -80,6 +80,10 @@ def _check_representable(timeout: object) -> None:
         raise OverflowError("timeout value is too large")
 
 
+#: ``on_lost`` as handles take it: a function, or (async handles) a coroutine function.
+Reporter = Callable[[str, int], object]
+
+
 class Defaults(Protocol):
     """What a handle takes from its manager when it does not say."""
 
@@ -102,8 +106,7 @@ class Options:
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
-        on_lost: Callable[[str, int], object]
-        | None = None,  # (async handles: or a coroutine function)
+        on_lost: Reporter | None = None,
     ) -> None:
         self._manager = manager
         self._key = make_key(key)
