@@ -11,8 +11,8 @@ statement sent through one takes 110-170 µs longer than from the caller's threa
 a round trip of 120-145 µs on MariaDB and PostgreSQL and 14 µs on SQLite; on PostgreSQL
 ``SELECT 1`` takes 89 µs from the caller's thread, 193 µs through a thread and 111 µs on
 psycopg's async connection. A hand-off between tasks sends no statement and makes no hop,
-so only keys that go to the database each time pay it. Waiting tasks never use a thread: they wait on
-futures in the loop, and only the one poller of a key calls the backend.
+so only keys that go to the database each time pay it. Waiting tasks never use a thread:
+they wait on futures in the loop, and only the one poller of a key calls the backend.
 
 A call that may change a row runs to its end even if the task awaiting it is
 cancelled: its outcome is then undone in the thread (``call(..., undo=)``), so a
