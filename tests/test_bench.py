@@ -199,6 +199,7 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("cpu-measures")  # (see test_processes' fairness test)
 def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_path: Path) -> None:
     require_redis()
     output = tmp_path / "results.md"

@@ -65,7 +65,10 @@ def test_hot_key_mutual_exclusion(
     assert manager.info(key) is None
 
 
+# Fairness is measured on the CPU the processes get: never beside the asyncio benchmark's
+# smoke test, whose hundred threads and thousand tasks would starve some of them.
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-measures")
 def test_hot_key_serves_every_thread_fairly(
     db_url: str, table: str, key: str, children: procs.Children
 ) -> None:
