@@ -36,7 +36,17 @@ from typing import Any, TypeVar
 from .asyncio_subjects import TASK_ROWS
 from .interface import AsyncContender, AsyncSubject, Contender, Implementation, Subject
 from .tally import Tally
-from .workload import KEYS, Cell, Closes, Opened, ProcessWorker, Report, Threaded, run_workers
+from .workload import (
+    KEYS,
+    Cell,
+    Closes,
+    Opened,
+    ProcessWorker,
+    Report,
+    Threaded,
+    run_workers,
+    section_report,
+)
 
 T = TypeVar("T")
 S = TypeVar("S", bound=Opened)
@@ -190,16 +200,7 @@ class Workers(ProcessWorker[S, M]):
         start: Barrier,
         stop: Event,
     ) -> None:
-        report = {
-            "sections": [],
-            "waits": array("d"),
-            "ran": 0,
-            "tries": 0,
-            "tried": 0,
-            "overlaps": 0,
-            "threads": 0,
-        }
-        super().__init__(threads, number, start, stop, report)
+        super().__init__(threads, number, start, stop, {**section_report(), "threads": 0})
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
 
     def stopped(self) -> bool:

@@ -237,15 +237,7 @@ class Worker(Threaded, ProcessWorker[Subject, Contender]):
         start: Barrier,
         stop: Event,
     ) -> None:
-        report = {
-            "sections": [],
-            "waits": array("d"),
-            "ran": 0,
-            "tries": 0,
-            "tried": 0,
-            "overlaps": 0,
-        }
-        super().__init__(scenario.threads, number, start, stop, report)
+        super().__init__(scenario.threads, number, start, stop, section_report())
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
 
     def run(self, contender: Contender, me: int) -> None:
@@ -290,6 +282,12 @@ class Worker(Threaded, ProcessWorker[Subject, Contender]):
 
 class CellError(RuntimeError):
     """A cell could not run: a worker failed or hung."""
+
+
+def section_report() -> Report:
+    """A worker's empty report of critical sections: per-thread counts, wait samples,
+    sections run in all, tries without waiting (all and won) and overlaps seen."""
+    return {"sections": [], "waits": array("d"), "ran": 0, "tries": 0, "tried": 0, "overlaps": 0}
 
 
 def run_workers(
