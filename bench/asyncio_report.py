@@ -24,9 +24,8 @@ INTRO = (
     "poll_interval, renewed leases, reaper off. redis.asyncio Lock: one "
     "`redis.asyncio.Redis` client shared by the tasks, `async with client.lock(key, "
     f"timeout={TTL:g}, blocking_timeout={WAIT_LIMIT:g})` with its default 0.1 s sleep "
-    "between tries, as the redis-py Lock rows; it needs no database and appears in every "
-    "table. Ratios in parentheses are to tierlock.aio's figures; fewest/most per thread "
-    "are per task in the task rows."
+    "between tries, as the redis-py Lock rows, on Redis. Ratios in parentheses are to "
+    "tierlock.aio's figures; fewest/most per thread are per task in the task rows."
 )
 
 

@@ -111,9 +111,10 @@ class AsyncRedisSubject(AsyncSubject):
 def async_implementations(
     urls: dict[str, str], table: str, run: str, redis_url: str | None
 ) -> list[Implementation]:
-    """The rows of the asyncio scenarios on the given databases (name to URL) and Redis
-    server: tierlock's async manager, its sync manager driven by threads, redis-py's
-    asyncio Lock. ``run`` and ``table`` as for :func:`bench.subjects.implementations`."""
+    """The rows of the asyncio scenarios on the given engines (name to URL) and Redis
+    server: tierlock's async manager and its sync manager driven by threads on each,
+    redis-py's asyncio Lock on Redis. ``run`` and ``table`` as for
+    :func:`bench.subjects.implementations`."""
     found: list[Implementation] = []
     for database, url in urls.items():
         found += [
@@ -129,7 +130,7 @@ def async_implementations(
             Implementation(
                 "redis-aio",
                 "redis.asyncio Lock",
-                None,
+                "redis",
                 partial(AsyncRedisSubject, redis_url, f"bench:{run}:"),
             )
         )

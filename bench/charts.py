@@ -2,7 +2,7 @@
 how far apart the implementations are, often by orders of magnitude, and how much the
 repeats disagree.
 
-Each chart has a column per database: throughput above, p50 and p99 wait (or, for
+Each chart has a column per engine: throughput above, p50 and p99 wait (or, for
 tries without waiting, the length of a try) below, a bar per implementation in the
 same colour everywhere. The panels side by side share their y axis, so databases
 compare at a glance; where their values span more than :data:`SPAN` times, the axis is
@@ -36,6 +36,8 @@ COLOURS = {
     "get-lock": "tab:green",
     "advisory": "tab:green",
     "redis": "tab:red",
+    "python-redis-lock": "tab:brown",
+    "kazoo": "tab:olive",
     "floor": "tab:gray",
     "tierlock-aio": "tab:purple",
     "redis-aio": "tab:pink",

@@ -1,6 +1,6 @@
 """What every benchmark command shares: the servers it runs on (found reachable, a lock
-table made and dropped, rows left counted), its common options, the machine it ran on,
-and where its report goes."""
+table or namespace made and dropped, holds left counted), its common options, the
+machine it ran on, and where its report goes."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 import tierlock
+
+from . import engines
 
 DATABASES: dict[str, str | None] = {
     "sqlite": None,  # a file in a temporary directory
@@ -27,6 +28,12 @@ DATABASES: dict[str, str | None] = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
 }
 REDIS_URL = "redis://127.0.0.1:6379/0"
+# The engines that are not SQL databases, which ``python -m bench`` runs on beside them.
+LOCK_SERVERS: dict[str, str | None] = {
+    "redis": REDIS_URL,
+    "zookeeper": "zookeeper://127.0.0.1:2181/tierlock",
+}
+ENGINES = {**DATABASES, **LOCK_SERVERS}
 
 
 def positive_float(text: str) -> float:
@@ -43,22 +50,29 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_db_option(parser: argparse.ArgumentParser) -> None:
+def add_db_option(
+    parser: argparse.ArgumentParser, known: Mapping[str, str | None] = DATABASES
+) -> None:
     parser.add_argument(
-        "--db", action="append", choices=sorted(DATABASES), help="database (repeatable; all)"
+        "--db", action="append", choices=sorted(known), help="engine (repeatable; all)"
     )
 
 
 def cell_parser(
-    prog: str, description: str, implementations: Sequence[str], scenarios: Sequence[str]
+    prog: str,
+    description: str,
+    implementations: Sequence[str],
+    scenarios: Sequence[str],
+    known: Mapping[str, str | None] = DATABASES,
 ) -> argparse.ArgumentParser:
-    """A benchmark of cells' parser with its first options: which databases (and their
-    URLs), implementations and scenarios, how long each cell runs and how often.
-    :func:`parse_cell_args` adds the last."""
+    """A benchmark of cells' parser with its first options: which of the ``known``
+    engines (name to default URL; and their URLs), implementations and scenarios, how
+    long each cell runs and how often. :func:`parse_cell_args` adds the last."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_db_option(parser)
+    parser.set_defaults(known=dict(known))
+    add_db_option(parser, known)
     parser.add_argument(
-        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for database NAME"
+        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for engine NAME"
     )
     parser.add_argument(
         "--impl", action="append", choices=implementations, help="implementation (repeatable; all)"
@@ -74,34 +88,30 @@ def cell_parser(
 def parse_cell_args(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> argparse.Namespace:
-    """Adds ``--table``, parses ``argv``, and sets ``args.urls``: each database's URL,
+    """Adds ``--table``, parses ``argv``, and sets ``args.urls``: each engine's URL,
     ``--dburi``'s or the default (None: SQLite's file in a scratch directory)."""
     parser.add_argument(
         "--table",
         default=f"bench_{uuid.uuid4().hex[:12]}",
-        help="lock table, created and dropped on each database (default: a random name)",
+        help="lock table (Redis: key prefix; ZooKeeper: node), created and dropped on each "
+        "engine (default: a random name)",
     )
     args = parser.parse_args(argv)
-    urls = dict(DATABASES)
+    urls = dict(args.known)
     for item in args.dburi:
         name, _, url = item.partition("=")
-        if name not in DATABASES or not url:
-            parser.error(f"--dburi takes NAME=URL with NAME in {sorted(DATABASES)}")
+        if name not in urls or not url:
+            parser.error(f"--dburi takes NAME=URL with NAME in {sorted(urls)}")
         urls[name] = url
     args.urls = urls
     return args
 
 
 def unreachable(url: str) -> str | None:
-    """Why the database or Redis server at ``url`` cannot be used, or None."""
+    """Why the database, Redis or ZooKeeper server at ``url`` cannot be used, or None."""
+    if not engines.is_sql(url):
+        return engines.unreachable(url)
     try:
-        if url.startswith("redis://"):
-            client = redis.Redis.from_url(url, socket_connect_timeout=5)
-            try:
-                client.ping()
-            finally:
-                client.close()
-            return None
         engine = create_engine(url, poolclass=NullPool)
         try:
             with engine.connect() as connection:
@@ -114,7 +124,10 @@ def unreachable(url: str) -> str | None:
 
 
 def rows_in(url: str, table: str) -> int:
-    """How many rows ``table`` holds; deletes them, so the next cell starts clean."""
+    """How many rows ``table`` holds (Redis, ZooKeeper: holds it lists); deletes them,
+    so the next cell starts clean."""
+    if not engines.is_sql(url):
+        return engines.holds_left(url, table)
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as connection:
@@ -127,6 +140,10 @@ def rows_in(url: str, table: str) -> int:
 
 
 def drop(url: str, table: str) -> None:
+    """Drop ``table``; on Redis and ZooKeeper, remove its namespace and its peers'."""
+    if not engines.is_sql(url):
+        engines.drop_namespace(url, table)
+        return
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as connection:
@@ -163,11 +180,12 @@ def load() -> str:
 def servers(
     args: argparse.Namespace, scratch: Path, redis_wanted: bool
 ) -> tuple[dict[str, str], str | None, list[str]]:
-    """The databases' URLs (by name) and the Redis server's that can be used, and a
-    note for each that cannot. SQLite's default: a file in ``scratch``."""
+    """The URLs of the engines (by name, those ``args.urls`` knows) and of the Redis
+    server that ``redis_wanted`` asks for, that can be used, and a note for each that
+    cannot. SQLite's default: a file in ``scratch``."""
     urls: dict[str, str] = {}
     skipped: list[str] = []
-    for name in DATABASES:
+    for name in args.urls:
         if args.db and name not in args.db:
             continue
         url = args.urls[name] or f"sqlite:///{scratch / 'bench.db'}"
@@ -188,10 +206,11 @@ def servers(
 
 @contextlib.contextmanager
 def lock_tables(urls: Iterable[str], table: str) -> Iterator[None]:
-    """``table`` created on each database for the block and dropped after it."""
+    """``table`` created on each engine for the block and dropped after it."""
     urls = list(urls)
     try:
         for url in urls:
+            engines.prepare(url)
             tierlock.LockManager(url, table=table, reaper_interval=None).close()
         yield
     finally:

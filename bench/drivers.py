@@ -1,5 +1,6 @@
 """Bare driver connections for the peers and floors that bypass SQLAlchemy, and a count
-of the statements every driver of this process executes."""
+of the statements (Redis: commands; ZooKeeper: requests) every driver of this process
+sends."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def postgresql_connection(url: URL) -> Any:
 
 
 class _Executed:
-    """Statements executed on DBAPI cursors of this process since ``count_statements()``."""
+    """Statements executed on DBAPI cursors of this process, and commands and requests
+    sent by its Redis and ZooKeeper clients, since ``count_statements()``."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
@@ -79,16 +81,23 @@ class _CountingSQLiteConnection(sqlite3.Connection):
 
 def count_statements() -> Callable[[], int]:
     """From now on, count each ``execute`` on a DBAPI cursor of pymysql, psycopg or
-    sqlite3 in this process, whoever calls it (SQLAlchemy's pool included); return a
-    function that reads the count.
+    sqlite3 in this process, whoever calls it (SQLAlchemy's pool included), each
+    command redis-py packs to send (pipelines' one by one) and each request a
+    ``KazooClient`` sends (its pings aside); return a function that reads the count.
 
-    For a process of its own: the drivers' cursor classes stay patched. sqlite3's
-    cursors are counted on connections opened afterwards; its ``Connection.execute``
-    shortcut, which SQLAlchemy and tierlock use only to set a connection up, is not.
+    For a process of its own: the drivers' classes stay patched. sqlite3's cursors are
+    counted on connections opened afterwards; its ``Connection.execute`` shortcut,
+    which SQLAlchemy and tierlock use only to set a connection up, is not.
     """
     executed = _Executed()
     import psycopg
     import pymysql.cursors
+    import redis.connection
+    from kazoo.client import KazooClient
+
+    for packer in (redis.connection.PythonRespSerializer, redis.connection.HiredisRespSerializer):
+        packer.pack = _counting(packer.pack, executed)  # type: ignore[method-assign]
+    KazooClient._call = _counting(KazooClient._call, executed)
 
     pymysql.cursors.Cursor.execute = _counting(pymysql.cursors.Cursor.execute, executed)
     psycopg.Cursor.execute = _counting(  # type: ignore[method-assign]

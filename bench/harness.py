@@ -1,9 +1,11 @@
-"""``python -m bench``: tierlock next to its peers and floors, under the same workloads.
+"""``python -m bench``: tierlock next to its peers and floors, under the same workloads,
+on each engine: SQLite, MariaDB, PostgreSQL, Redis and ZooKeeper.
 
 Every implementation runs every scenario for ``--seconds``, ``--repeats`` times, the
 repeats interleaved so that noise spreads over all; the report gives the median of
-each figure and its ratio to tierlock's on the same database. A last section times one
-uncontended acquire + release against the same two statements on the bare driver.
+each figure and its ratio to tierlock's on the same engine. A last section times one
+uncontended acquire + release against the same two statements on the bare driver (SQL
+databases only).
 Beside the report, a PNG chart per scenario (see :mod:`bench.charts`) is linked from it.
 The exit status is 1 if a cell failed or a lock let two sections of a key overlap.
 
@@ -12,12 +14,14 @@ The exit status is 1 if a cell failed or a lock let two sections of a key overla
     python -m bench                                  # everything, into bench/results/results.md
     python -m bench --db mariadb --scenario hot-4x4 --impl tierlock --impl get-lock
     python -m bench --db postgresql --scenario flash-sale --scenario renewal
+    python -m bench --db redis --db zookeeper --scenario hot-4x4
 
 The ``renewal`` scenario measures tierlock alone: one process holding many locks, with
 and without renewed leases (see :mod:`bench.renewal`). The asyncio scenarios,
 ``async-hot`` and ``async-spread``, put tierlock's ``AsyncLockManager`` (``--impl
 tierlock-aio``) next to its sync manager driven by threads (``--impl tierlock``) and
-redis-py's asyncio ``Lock`` (``--impl redis-aio``); see :mod:`bench.asyncio_cells`.
+redis-py's asyncio ``Lock`` (``--impl redis-aio``, on Redis); see
+:mod:`bench.asyncio_cells`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import kazoo.version
 import redis
+import redis_lock
 import sqlalchemy
 
 import tierlock
@@ -40,6 +46,8 @@ from .asyncio_report import async_section
 from .asyncio_subjects import async_implementations
 from .charts import chart_file, draw
 from .command import (
+    DATABASES,
+    ENGINES,
     Started,
     cell_parser,
     lock_tables,
@@ -57,7 +65,8 @@ from .subjects import implementations
 from .workload import SCENARIOS, SECTION, Cell, CellError, Scenario, run_cell
 
 IMPLEMENTATIONS = (
-    *("tierlock", "table-only", "get-lock", "advisory", "redis", "floor"),
+    *("tierlock", "table-only", "get-lock", "advisory", "redis", "python-redis-lock", "kazoo"),
+    "floor",
     *("tierlock-aio", "redis-aio"),  # the asyncio scenarios'
 )
 ACQUIRE_RELEASE = "acquire-release"
@@ -69,11 +78,12 @@ OUTPUT = Path(__file__).resolve().parent / "results" / "results.md"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cell_parser(
         "python -m bench",
-        "tierlock next to the lock table alone, the servers' own locks, "
-        "redis-py's Lock and two bare round trips, under the same workloads; "
-        "tierlock.aio next to threads and redis-py's asyncio Lock.",
+        "tierlock next to the lock table alone, the servers' own locks, redis-py's Lock, "
+        "python-redis-lock, kazoo's Lock and two bare round trips, under the same "
+        "workloads; tierlock.aio next to threads and redis-py's asyncio Lock.",
         IMPLEMENTATIONS,
         ALL,
+        ENGINES,
     )
     parser.add_argument(
         "--iterations",
@@ -102,15 +112,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def header(args: argparse.Namespace, skipped: list[str], started: Started) -> list[str]:
     details = [
         f"- software: tierlock {tierlock.__version__}, SQLAlchemy {sqlalchemy.__version__}, "
-        f"redis-py {redis.__version__}, Python {platform.python_version()}",
+        f"redis-py {redis.__version__}, python-redis-lock {redis_lock.__version__}, "
+        f"kazoo {kazoo.version.__version__}, Python {platform.python_version()}",
         f"- settings: {args.seconds:g} s per cell, median of {args.repeats} interleaved "
         f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
         "time.perf_counter() unless the scenario says otherwise; tierlock and table-only "
         "with the default poll_interval, renewed leases, reaper off; GET_LOCK and advisory "
         "locks block on the server, one connection per thread; redis-py Lock (and its "
-        "asyncio Lock) blocks with its default 0.1 s sleep; tries without waiting: "
-        "acquire(blocking=False), GET_LOCK(k, 0), pg_try_advisory_lock, redis-py "
-        "acquire(blocking=False)",
+        "asyncio Lock) blocks with its default 0.1 s sleep, python-redis-lock in BLPOP "
+        "on its signal list, each thread with a client of its own; kazoo Lock watches "
+        "the node before its own, one KazooClient (one session) per process shared by "
+        "its threads, a Lock per thread and key; tierlock: one manager per process; "
+        "floors: 2x SELECT 1, 2x PING (a client per thread), 2x exists (on the process's "
+        "KazooClient); tries without waiting: acquire(blocking=False), GET_LOCK(k, 0), "
+        "pg_try_advisory_lock",
         f"- legend: {LEGEND}",
     ]
     return started.header("tierlock benchmark", details, skipped, load_at_end=False)
@@ -122,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenarios = [name for name in ALL if name in (args.scenario or ALL)]
     chosen = set(args.impl or IMPLEMENTATIONS)
     with tempfile.TemporaryDirectory(prefix="tierlock-bench-") as scratch:
-        redis_wanted = bool(chosen & {"redis", "redis-aio"})
-        urls, redis_url, skipped = servers(args, Path(scratch), redis_wanted)
+        urls, _, skipped = servers(args, Path(scratch), redis_wanted=False)
         for note in skipped:
             print(f"skipped {note}", file=sys.stderr)
         run = args.table[-12:]
@@ -131,9 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: [
                 implementation
                 for implementation in (
-                    async_implementations(urls, args.table, run, redis_url)
+                    async_implementations(urls, args.table, run, urls.get("redis"))
                     if isinstance(scenario, AsyncScenario)
-                    else implementations(urls, args.table, run, redis_url)
+                    else implementations(urls, args.table, run)
                 )
                 if implementation.name in chosen
             ]
@@ -165,11 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lines += scenario_section(scenario, scenario_rows, list(urls), charts.get(name))
         if renewals:
             lines += renewal_section(renewals, list(urls), args.renewal_holds, args.renewal_ttl)
-        if ACQUIRE_RELEASE in scenarios and urls:
+        databases = {name: url for name, url in urls.items() if name in DATABASES}
+        if ACQUIRE_RELEASE in scenarios and databases:
             lines += [
                 f"## {ACQUIRE_RELEASE}: tierlock next to its own two statements on the bare driver",
                 "",
-                *compare(urls, args.repeats, args.iterations, args.table),
+                *compare(databases, args.repeats, args.iterations, args.table),
                 "",
             ]
     publish(header(args, skipped, started) + lines, args.output)
@@ -202,7 +217,7 @@ def run_cells(
                 implementation = row.implementation
                 if row.failure is not None:
                     continue
-                where = f"{implementation.label} on {implementation.database or 'redis'}"
+                where = f"{implementation.label} on {implementation.database}"
                 cell: Cell
                 try:
                     if isinstance(scenario, AsyncScenario):

@@ -101,11 +101,11 @@ class AsyncSubject(abc.ABC):
 class Implementation:
     """A lock implementation on one server, as a row of the report."""
 
-    # For --impl: tierlock, table-only, get-lock, advisory, redis, floor; in the asyncio
-    # scenarios, tierlock-aio and redis-aio beside tierlock.
+    # For --impl: tierlock, table-only, get-lock, advisory, redis, python-redis-lock, kazoo,
+    # floor; in the asyncio scenarios, tierlock-aio and redis-aio beside tierlock.
     name: str
     label: str  # the row's label
-    database: str | None  # None: needs none of them, shown in every database's table
+    database: str | None  # the engine; None: needs none, shown in every engine's table
     # Called in each worker process; an AsyncSubject, in the thread of its event loop.
     open: Callable[[], Subject | AsyncSubject]
     excludes: bool = True  # False for the floor, whose violations are expected

@@ -1,5 +1,6 @@
-"""tierlock's peers: the servers' own locks, redis-py's ``Lock``, and the floor, each on
-connections of the bare driver (or redis-py's own), one per thread."""
+"""tierlock's peers on the SQL databases: the servers' own locks and the floor, each on
+connections of the bare driver, one per thread; and the counting Redis client of the
+peers on Redis (see :mod:`bench.engine_peers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import redis
 from sqlalchemy.engine import make_url
 
 from .drivers import mysql_connection, postgresql_connection
-from .interface import TTL, WAIT_LIMIT, Contender, Subject
+from .interface import WAIT_LIMIT, Contender, Subject
 
 FLOOR_LABEL = "floor: 2x SELECT 1"
 
@@ -78,8 +79,8 @@ class AdvisoryContender(Contender):
 
 
 class FloorContender(Contender):
-    """Two round trips of ``SELECT 1`` per section and no exclusion: the least any lock
-    on this server can cost. Every try wins."""
+    """Two round trips (``SELECT 1``, or a Redis or ZooKeeper equivalent) per section and
+    no exclusion: the least any lock on this server can cost. Every try wins."""
 
     def __init__(self, query: Callable[[], object], close: Callable[[], None]) -> None:
         self._query, self._close = query, close
@@ -122,38 +123,6 @@ class CountingRedis(redis.Redis):
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.commands += 1
         return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-
-
-class RedisContender(Contender):
-    """redis-py's ``Lock``, blocking with its default sleep between tries; a try is
-    ``acquire(blocking=False)``, one ``SET NX``."""
-
-    def __init__(self, url: str, prefix: str) -> None:
-        self.client = CountingRedis(connection_pool=redis.ConnectionPool.from_url(url))
-        self.prefix = prefix
-        self.locks: dict[int, redis.lock.Lock] = {}
-
-    def statements(self) -> int:
-        return self.client.commands
-
-    def lock(self, index: int) -> redis.lock.Lock:
-        lock = self.locks.get(index)
-        if lock is None:
-            lock = self.locks[index] = self.client.lock(f"{self.prefix}{index}", timeout=TTL)
-        return lock
-
-    def acquire(self, index: int) -> None:
-        if not self.lock(index).acquire(blocking_timeout=WAIT_LIMIT):
-            raise TimeoutError(f"redis lock of key {index} not acquired within {WAIT_LIMIT} s")
-
-    def try_acquire(self, index: int) -> bool:
-        return bool(self.lock(index).acquire(blocking=False))
-
-    def release(self, index: int) -> None:
-        self.lock(index).release()
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class ConnectionSubject(Subject):

@@ -196,11 +196,12 @@ def renewal_section(
     lines = [
         f"## {RENEWAL}: 1 process holding {holds} locks, nothing else",
         "",
-        f"renew=True: ttl={ttl:g} s, so a heartbeat at least every {ttl / 3:g} s, one "
-        "statement per 512 holds; the window is whole beats. renew=False: fixed leases "
+        f"renew=True: ttl={ttl:g} s, so a heartbeat at least every {ttl / 3:g} s, on SQL "
+        "one statement per 512 holds; the window is whole beats. renew=False: fixed leases "
         "that outlast the hold. Statements: every execute on a DBAPI cursor of the "
-        "process during the window; per 1000 holds: that rate scaled linearly (the "
-        "heartbeat sends one statement per started 512); statements/beat: statements per "
+        "process (Redis: every command; ZooKeeper: every request) during the window; "
+        "per 1000 holds: that rate scaled linearly (the SQL heartbeat sends one statement "
+        "per started 512); statements/beat: statements per "
         "renewal of every hold; stats: the manager's own counters over the same window. "
         "Medians over repeats.",
         "",

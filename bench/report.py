@@ -11,16 +11,23 @@ from typing import Protocol
 from .interface import Implementation
 from .workload import Cell
 
-DATABASE_TITLES = {"sqlite": "SQLite", "mariadb": "MariaDB", "postgresql": "PostgreSQL"}
+DATABASE_TITLES = {
+    "sqlite": "SQLite",
+    "mariadb": "MariaDB",
+    "postgresql": "PostgreSQL",
+    "redis": "Redis",
+    "zookeeper": "ZooKeeper",
+}
 
 # The figures of a row, each with its column header; all are also shown as a ratio to
-# tierlock's on the same database.
+# tierlock's on the same engine.
 COLUMNS = {
     "rate": "sections/s",
     "p50": "p50 wait ms",
     "p99": "p99 wait ms",
     "fewest": "fewest/thread",
     "most": "most/thread",
+    "fairness": "fairness",
     "per_section": "statements/section",
 }
 # The same for scenarios whose threads try without waiting: a section is a win.
@@ -31,22 +38,25 @@ TRY_COLUMNS = {
     "p99_us": "p99 try µs",
     "fewest": "fewest wins/thread",
     "most": "most wins/thread",
+    "fairness": "fairness",
     "per_try": "statements/try",
 }
 
 LEGEND = (
     "sections/s: critical sections completed per second, all threads; p50/p99 wait: time "
-    "to acquire; fewest/most per thread: sections of the least and the most served thread "
-    "(fairness); statements/section: SQL statements (Redis: commands) sent per section; "
+    "to acquire; fewest/most per thread: sections of the least and the most served thread; "
+    "fairness: fewest over most (1: even); statements/section: SQL statements "
+    "(Redis: commands; ZooKeeper: requests) sent per section, counted at the client; "
     "violations: lost updates and overlapping sections the shared counters caught, summed "
     "over repeats; each figure is the median over repeats and (0.83x) its ratio to tierlock's "
-    "on the same database; redis-py Lock runs once and appears in every database's table."
+    "on the same engine."
 )
 TRY_LEGEND = (
     "wins/s and tries/s: tries that took the key, and all tries, per second, all threads; "
-    "p50/p99 try: the time one try took, won or lost; fewest/most wins per thread: "
-    "fairness; statements/try: SQL statements (Redis: commands) per try, the release "
-    "of a win included."
+    "p50/p99 try: the time one try took, won or lost; fewest/most wins per thread: of "
+    "the least and the most served thread; fairness: fewest over most; statements/try: "
+    "SQL statements (Redis: commands; ZooKeeper: requests) per try, the release of a win "
+    "included."
 )
 
 
@@ -70,6 +80,7 @@ def figures(cell: Cell) -> dict[str, float]:
         "p99_us": percentile(waits, 0.99) * 1e6,
         "fewest": min(cell.sections, default=0),
         "most": max(cell.sections, default=0),
+        "fairness": min(cell.sections) / max(cell.sections) if any(cell.sections) else math.nan,
         "per_section": cell.statements / cell.ran if cell.ran else math.nan,
         "per_try": cell.statements / cell.tried if cell.tried else math.nan,
     }
@@ -216,7 +227,7 @@ def scenario_section(
     intro: Sequence[str] = (),
     reference: str = "tierlock",
 ) -> list[str]:
-    """The tables of one scenario, one per database; rows without one appear in each.
+    """The tables of one scenario, one per engine; rows without one appear in each.
     ``chart``: the scenario's chart, relative to the report, to show above them and the
     paragraphs of ``intro``; ``reference``: the row whose figures the others' ratios
     divide by, named as for ``--impl``."""

@@ -1,5 +1,7 @@
-"""The lock implementations the harness drives through the same workload: tierlock,
-its lock table alone, and the peers of :mod:`bench.peers`, on every server given."""
+"""The lock implementations the harness drives through the same workload, on every
+engine given: tierlock everywhere; on the SQL databases its lock table alone and the
+peers of :mod:`bench.peers`; on Redis and ZooKeeper the peers of
+:mod:`bench.engine_peers`. A floor of two bare round trips runs on every server."""
 
 from __future__ import annotations
 
@@ -7,13 +9,23 @@ from functools import partial
 
 import tierlock
 
+from .engine_peers import (
+    REDIS_FLOOR_LABEL,
+    ZOOKEEPER_FLOOR_LABEL,
+    KazooContender,
+    KazooSubject,
+    RedisContender,
+    RedisLockContender,
+    redis_floor,
+    zookeeper_floor,
+)
+from .engines import peer_namespace
 from .interface import TTL, WAIT_LIMIT, Contender, Implementation, Subject
 from .peers import (
     FLOOR_LABEL,
     AdvisoryContender,
     ConnectionSubject,
     GetLockContender,
-    RedisContender,
     mysql_floor,
     postgresql_floor,
 )
@@ -106,62 +118,106 @@ class TableOnlySubject(Subject):
         """Nothing: each contender closes its own manager."""
 
 
-def implementations(
-    urls: dict[str, str], table: str, run: str, redis_url: str | None
-) -> list[Implementation]:
-    """Every implementation on the given databases (name to URL) and Redis server.
+def implementations(urls: dict[str, str], table: str, run: str) -> list[Implementation]:
+    """Every implementation on the given engines (name to URL).
 
-    ``run`` makes lock names that no other run shares; ``table`` is the lock table.
+    ``run`` makes lock names that no other run shares; ``table`` is the lock table (on
+    Redis, the key prefix; on ZooKeeper, the node), beside which the peers there keep
+    theirs (see :func:`bench.engines.peer_namespace`).
     """
-    prefix = f"bench:{run}:"
-    base = int(run[:10], 16) << 16  # this run's advisory keys: 40 random bits, 16 for the index
     found: list[Implementation] = []
     for database, url in urls.items():
-        found += [
-            Implementation("tierlock", "tierlock", database, partial(TierlockSubject, url, table)),
-            Implementation(
-                "table-only", "table-only", database, partial(TableOnlySubject, url, table)
-            ),
-        ]
-        if database == "mariadb":
-            found += [
-                Implementation(
-                    "get-lock",
-                    "GET_LOCK",
-                    database,
-                    partial(ConnectionSubject, partial(GetLockContender, url, prefix)),
-                ),
-                Implementation(
-                    "floor",
-                    FLOOR_LABEL,
-                    database,
-                    partial(ConnectionSubject, partial(mysql_floor, url)),
-                    excludes=False,
-                ),
-            ]
-        if database == "postgresql":
-            found += [
-                Implementation(
-                    "advisory",
-                    "pg_advisory_lock",
-                    database,
-                    partial(ConnectionSubject, partial(AdvisoryContender, url, base)),
-                ),
-                Implementation(
-                    "floor",
-                    FLOOR_LABEL,
-                    database,
-                    partial(ConnectionSubject, partial(postgresql_floor, url)),
-                    excludes=False,
-                ),
-            ]
-    if redis_url is not None:
+        found.append(
+            Implementation("tierlock", "tierlock", database, partial(TierlockSubject, url, table))
+        )
+        if database == "redis":
+            found += redis_peers(url, peer_namespace(table))
+        elif database == "zookeeper":
+            found += zookeeper_peers(url, peer_namespace(table))
+        else:
+            found += sql_peers(database, url, table, run)
+    return found
+
+
+def sql_peers(database: str, url: str, table: str, run: str) -> list[Implementation]:
+    """The lock table alone, the server's own lock and the floor of two ``SELECT 1``."""
+    found = [
+        Implementation("table-only", "table-only", database, partial(TableOnlySubject, url, table))
+    ]
+    if database == "mariadb":
         found.append(
             Implementation(
-                "redis",
-                "redis-py Lock",
-                None,
-                partial(ConnectionSubject, partial(RedisContender, redis_url, prefix)),
+                "get-lock",
+                "GET_LOCK",
+                database,
+                partial(ConnectionSubject, partial(GetLockContender, url, f"bench:{run}:")),
             )
         )
+        floor = mysql_floor
+    elif database == "postgresql":
+        base = int(run[:10], 16) << 16  # this run's advisory keys: 40 random bits, 16 for the index
+        found.append(
+            Implementation(
+                "advisory",
+                "pg_advisory_lock",
+                database,
+                partial(ConnectionSubject, partial(AdvisoryContender, url, base)),
+            )
+        )
+        floor = postgresql_floor
+    else:
+        return found  # SQLite: no lock of its own, and no server to make a round trip to
+    found.append(
+        Implementation(
+            "floor",
+            FLOOR_LABEL,
+            database,
+            partial(ConnectionSubject, partial(floor, url)),
+            excludes=False,
+        )
+    )
     return found
+
+
+def redis_peers(url: str, peers: str) -> list[Implementation]:
+    """redis-py's ``Lock``, python-redis-lock and the floor of two ``PING``."""
+    return [
+        Implementation(
+            "redis",
+            "redis-py Lock",
+            "redis",
+            partial(ConnectionSubject, partial(RedisContender, url, f"{peers}:redis-py:")),
+        ),
+        Implementation(
+            "python-redis-lock",
+            "python-redis-lock",
+            "redis",
+            partial(ConnectionSubject, partial(RedisLockContender, url, f"{peers}:redis-lock:")),
+        ),
+        Implementation(
+            "floor",
+            REDIS_FLOOR_LABEL,
+            "redis",
+            partial(ConnectionSubject, partial(redis_floor, url)),
+            excludes=False,
+        ),
+    ]
+
+
+def zookeeper_peers(url: str, peers: str) -> list[Implementation]:
+    """kazoo's ``Lock`` recipe and the floor of two ``exists``."""
+    return [
+        Implementation(
+            "kazoo",
+            "kazoo Lock",
+            "zookeeper",
+            partial(KazooSubject, url, f"/{peers}/kazoo", KazooContender),
+        ),
+        Implementation(
+            "floor",
+            ZOOKEEPER_FLOOR_LABEL,
+            "zookeeper",
+            partial(KazooSubject, url, f"/{peers}", zookeeper_floor),
+            excludes=False,
+        ),
+    ]

@@ -130,7 +130,9 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
         self, threads: int, number: int, start: Barrier, stop: Event, report: Report
     ) -> None:
         self.threads, self.number, self.start, self.stop = threads, number, start, stop
-        self.ready = threading.Barrier(threads + 1)  # warmed up, statements counted
+        self.ready = threading.Barrier(threads + 1, action=self.note_baseline)  # warmed up
+        self.sent: Callable[[], int] = lambda: 0  # the side's statements, once opened
+        self.baseline = 0  # what the side had sent as all its threads were warmed up
         self.gather = threading.Lock()
         self.report: Report = {**report, "statements": 0, "errors": []}
 
@@ -150,6 +152,11 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
     def run(self, member: M, me: int) -> None:
         """Sections until the stop, added to the report."""
 
+    def note_baseline(self) -> None:
+        """Run by ``ready`` as its last party arrives, before it lets any go: once the
+        main thread is let go, the others may be past the start already."""
+        self.baseline = self.sent()
+
     def fail(self) -> None:
         self.report["errors"].append(traceback.format_exc())
         self.ready.abort()
@@ -159,6 +166,7 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
     def __call__(self, results: Queue[Report]) -> None:
         try:
             side = self.open()
+            self.sent = side.statements
         except BaseException:
             self.fail()
             results.put(self.report)
@@ -172,11 +180,10 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
             for thread in threads:
                 thread.start()
             self.ready.wait(SETUP_LIMIT)
-            baseline = side.statements()
             deadline = time.monotonic() + SETUP_LIMIT
             for thread in threads:
                 thread.join(max(0.0, deadline - time.monotonic()))
-            self.report["statements"] = side.statements() - baseline
+            self.report["statements"] = side.statements() - self.baseline
             if any(thread.is_alive() for thread in threads):
                 self.report["errors"].append(f"a thread of process {self.number} did not stop")
         except threading.BrokenBarrierError:

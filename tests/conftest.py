@@ -1,14 +1,13 @@
-"""Fixtures: one contract suite over every database.
+"""Fixtures: one contract suite over every engine.
 
-``--db NAME`` (repeatable) picks databases from ``DATABASES``; ``--dburi NAME=URL``
+``--db NAME`` (repeatable) picks engines from ``engines.ENGINES``; ``--dburi NAME=URL``
 points one at another server. A server that cannot be reached skips its tests when
 run by hand, and fails them when ``CI=true``.
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +15,10 @@ from typing import Any
 
 import procs
 import pytest
+from engines import ENGINES, SQL, drop_namespace, keeps_expired, require_server
 from proxy import Proxy
 from scratch import Scratch
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 
 import tierlock
@@ -31,61 +31,84 @@ MakeManager = Callable[..., tierlock.LockManager]
 
 pytest_plugins = ["pytester"]
 
-DATABASES = {
-    "sqlite": None,  # a fresh file per test, under tmp_path
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+# Fixtures that only an SQL engine has: a test that asks for one runs on SQL only.
+SQL_FIXTURES = {
+    "engine",
+    "scratch",
+    "counting_engine",
+    "driver_statements",
+    "mixed_case_table",
 }
+# The pytest plugin's whole-run tests, each several pytest runs of their own: on the
+# embedded default and one server. What differs on MariaDB (keys and run ids compared
+# exactly, the results' column types) has tests of its own there.
+PLUGIN_DATABASES = pytest.mark.parametrize(
+    "db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+# Read/write locks and semaphores: what test_engines shows the other engines do instead.
+SHARED_HOLDS = pytest.mark.sql_only("read holds and semaphore permits are SQL rows")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--db", action="append", choices=sorted(DATABASES), help="database to test (repeatable)"
+        "--db", action="append", choices=sorted(ENGINES), help="engine to test (repeatable)"
     )
     parser.addoption(
-        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for database NAME"
+        "--dburi", action="append", default=[], metavar="NAME=URL", help="URL for engine NAME"
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for item in config.getoption("dburi"):
         name, _, url = item.partition("=")
-        if name not in DATABASES or not url:
-            raise pytest.UsageError(f"--dburi takes NAME=URL with NAME in {sorted(DATABASES)}")
-        DATABASES[name] = url
+        if name not in ENGINES or not url:
+            raise pytest.UsageError(f"--dburi takes NAME=URL with NAME in {sorted(ENGINES)}")
+        ENGINES[name] = url
 
 
-@functools.cache
-def _unreachable(url: str) -> str | None:
-    """Why ``url`` cannot be used, or None; asked once per process."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-    except Exception as exc:
-        return f"{make_url(url).render_as_string(hide_password=True)} is unreachable: {exc}"
-    finally:
-        engine.dispose()
-    return None
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test of the ``db`` fixture runs on every engine, unless it needs what only
+    SQL has (``SQL_FIXTURES``, or the ``sql_only`` mark), looks at holds whose lease
+    ended (the ``keeps_expired`` mark), or names its engines itself."""
+    if "db" not in metafunc.fixturenames or any(
+        "db" in mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")
+    ):
+        return
+    sql_only = metafunc.definition.get_closest_marker("sql_only") is not None or bool(
+        SQL_FIXTURES & set(metafunc.fixturenames)
+    )
+    names = SQL if sql_only else tuple(ENGINES)
+    if metafunc.definition.get_closest_marker("keeps_expired") is not None:
+        names = tuple(name for name in names if keeps_expired(name))
+    metafunc.parametrize(
+        "db",
+        [
+            pytest.param(name, marks=() if name == "sqlite" else getattr(pytest.mark, name))
+            for name in names
+        ],
+        indirect=True,
+    )
 
 
-def require_server(url: str) -> None:
-    reason = _unreachable(url)
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-        pytest.param("postgresql", marks=pytest.mark.postgresql),
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the cases that a parameter marks ``sql_only`` (a semaphore among kinds of
+    handle, say) on the other engines; ``pytest_generate_tests`` sees only the marks of
+    whole tests."""
+    dropped = [
+        item
+        for item in items
+        if item.get_closest_marker("sql_only") is not None
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("db", "sqlite") not in SQL  # type: ignore[attr-defined]
     ]
-)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
+@pytest.fixture
 def db(request: pytest.FixtureRequest) -> str:
-    """The name of the database under test."""
+    """The name of the engine under test."""
     name: str = request.param
     chosen = request.config.getoption("db")
     if chosen and name not in chosen:
@@ -95,7 +118,7 @@ def db(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def db_url(db: str, tmp_path: Path) -> str:
-    url = DATABASES[db]
+    url = ENGINES[db]
     if url is None:
         return f"sqlite:///{tmp_path / 'locks.db'}"
     require_server(url)
@@ -104,37 +127,41 @@ def db_url(db: str, tmp_path: Path) -> str:
 
 @pytest.fixture
 def table(db_url: str) -> Iterator[str]:
-    """A lock table of this test's own, dropped afterwards (with the pytest plugin's
-    table of run-once results beside it)."""
+    """A lock namespace of this test's own, removed afterwards (on SQL, with the pytest
+    plugin's table of run-once results beside it)."""
     name = f"tl_{uuid.uuid4().hex[:16]}"
     yield name
-    engine = create_engine(db_url)
-    try:
-        with engine.begin() as connection:
-            for dropped in (name, f"{name}_once"):
-                connection.execute(text(f"DROP TABLE IF EXISTS {dropped}"))
-    finally:
-        engine.dispose()
+    drop_namespace(db_url, name)
 
 
 @pytest.fixture
 def make_manager(db_url: str, table: str) -> Iterator[MakeManager]:
     """Make managers on this test's database and table; all are closed afterwards."""
-    managers: list[tierlock.LockManager] = []
+    with managers(db_url, table) as make:
+        yield make
 
-    def make(**options: Any) -> tierlock.LockManager:
+
+@contextlib.contextmanager
+def managers(default_url: str, table: str) -> Iterator[MakeManager]:
+    """``make(url=default_url, **options)`` makes managers on ``table`` with the test
+    suite's defaults (no reaper, short polls); all are closed at the end."""
+    made: list[tierlock.LockManager] = []
+
+    def make(url: str | None = None, **options: Any) -> tierlock.LockManager:
         options.setdefault("table", table)
         options.setdefault("reaper_interval", None)
         options.setdefault("poll_interval", 0.02)
         if "engine" not in options:
-            options.setdefault("url", db_url)
+            options["url"] = url or default_url
         manager = tierlock.LockManager(**options)
-        managers.append(manager)
+        made.append(manager)
         return manager
 
-    yield make
-    for manager in managers:
-        manager.close()
+    try:
+        yield make
+    finally:
+        for manager in made:
+            manager.close()
 
 
 @pytest.fixture

@@ -90,7 +90,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     app.config.update(config or {})
     locks.init_app(app)
     app.extensions["bank"] = (
-        bank_engine(app.config["TIERLOCK_URL"]),
+        bank_engine(app.config.get("BANK_URL", app.config["TIERLOCK_URL"])),
         accounts_table(app.config["TIERLOCK_TABLE"]),
     )
     if os.environ.get("BANK_OPEN_IN_MASTER"):

@@ -36,6 +36,7 @@ from polling import wait_until
 from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
+from tierlock.backends import engine_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -606,23 +607,53 @@ def _die(ledger: Ledger, slot: int, doom: str) -> None:
 _plan = threading.local()  # what a doomed thread dies at: .doom, .key, .slot, .ledger
 
 
-def _die_at_statement(when: str, statement: str, parameters: object, rowcount: int) -> None:
-    """Kill this process if its doomed thread just reached its statement: after an
-    INSERT that took the key, before a DELETE, or after a DELETE that freed it."""
-    doom = getattr(_plan, "doom", None)
+def _die_at(when: str, verb: str | None, succeeded: bool) -> None:
+    """Kill this process if its doomed thread just reached its point of a hold: after a
+    write that took the key, before the one that frees it, or after that one freed it."""
+    doom: str | None = getattr(_plan, "doom", None)
     if doom is None:
+        return
+    point = (doom, when, verb)
+    if point == ("before delete", "before", "DELETE") or (
+        point in {("after insert", "after", "INSERT"), ("after delete", "after", "DELETE")}
+        and succeeded
+    ):
+        _die(_plan.ledger, _plan.slot, doom)
+
+
+def _die_at_statement(when: str, statement: str, parameters: object, rowcount: int) -> None:
+    """``_die_at`` an SQL INSERT or DELETE of the doomed thread's key."""
+    if getattr(_plan, "doom", None) is None:
         return
     values = parameters.values() if isinstance(parameters, dict) else parameters
     if not isinstance(values, Iterable) or _plan.key not in values:
         return
     # PostgreSQL's release is a DELETE inside a WITH that also sends a NOTIFY.
     verb = next((verb for verb in ("INSERT", "DELETE") if verb in statement.upper()), None)
-    point = (doom, when, verb)
-    if point == ("before delete", "before", "DELETE") or (
-        point in {("after insert", "after", "INSERT"), ("after delete", "after", "DELETE")}
-        and rowcount == 1
-    ):
-        _die(_plan.ledger, _plan.slot, doom)
+    _die_at(when, verb, rowcount == 1)
+
+
+def _hook_backend(backend: Any) -> None:
+    """``_die_at`` the backend's takes and releases of the doomed thread's key: engines
+    other than SQL, whose requests are not statements."""
+    take, free = backend.try_acquire, backend.release
+
+    def try_acquire(key: str, *args: Any, **kwargs: Any) -> int | None:
+        token: int | None = take(key, *args, **kwargs)
+        if key == getattr(_plan, "key", None):
+            _die_at("after", "INSERT", token is not None)
+        return token
+
+    def release(key: str, *args: Any, **kwargs: Any) -> bool:
+        doomed = key == getattr(_plan, "key", None)
+        if doomed:
+            _die_at("before", "DELETE", True)
+        freed: bool = free(key, *args, **kwargs)
+        if doomed:
+            _die_at("after", "DELETE", freed)
+        return freed
+
+    backend.try_acquire, backend.release = try_acquire, release
 
 
 class _WatchedCursor:
@@ -642,9 +673,13 @@ class _WatchedCursor:
         return getattr(self._cursor, name)
 
 
-def _install_doom_hooks() -> None:
+def _install_doom_hooks(url: str, manager: tierlock.LockManager) -> None:
     """Watch every statement this (child) process sends through a connection pool,
-    whichever way it is sent; see ``_die_at_statement``."""
+    whichever way it is sent (see ``_die_at_statement``); on other engines, the
+    manager's backend."""
+    if engine_of(url) != "sql":
+        _hook_backend(manager._backend)
+        return
     cursor = _ConnectionFairy.cursor
 
     def watched_cursor(self: _ConnectionFairy, *args: Any, **kwargs: Any) -> Any:
@@ -733,7 +768,6 @@ def churn(
     ``BackendError`` counts in ``ledger.errors``, with the longest a call took to raise
     it in ``ledger.slowest_error``, and the thread goes on.
     """
-    _install_doom_hooks()
     gate = _StopGate(ledger, first_slot // ledger.threads)
     manager = tierlock.LockManager(
         url,
@@ -742,6 +776,7 @@ def churn(
         poll_interval=0.01,
         database_timeout=database_timeout,
     )
+    _install_doom_hooks(url, manager)
     failures: list[str] = []
 
     def hold_once(slot: int, key: int, dies: bool, trying: bool) -> None:

@@ -6,6 +6,9 @@ free loopback port, its own socket. ``restart()`` is a real one (clean shutdown,
 the same data directory is served again); ``close()`` kills the server and removes
 every file it wrote.
 
+``Server`` is the base of every kind of private server: the SQL ones here, Redis
+(``redis_servers``) and ZooKeeper (``zk_servers``).
+
 ::
 
     with private_server("postgresql") as server:
@@ -30,12 +33,19 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-__all__ = ["MariaDBServer", "PostgreSQLServer", "Server", "ServerUnavailable", "private_server"]
+__all__ = [
+    "MariaDBServer",
+    "PostgreSQLServer",
+    "Server",
+    "ServerUnavailable",
+    "private_server",
+    "program",
+]
 
 # Generous bounds: a loaded CI machine may take seconds to start or stop a server.
 READY_TIMEOUT = 60.0
@@ -80,19 +90,30 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+_ServerT = TypeVar("_ServerT", bound="Server")
+
+
 class Server(abc.ABC):
     """One private server: ``start()``, ``stop()``, ``restart()``, ``close()``."""
 
     name: ClassVar[str]
-    # SIGTERM is a clean shutdown for MariaDB; PostgreSQL needs SIGINT ("fast") to
-    # end sessions instead of waiting for every client to disconnect.
+    # SIGTERM is a clean shutdown for MariaDB, Redis and ZooKeeper; PostgreSQL needs
+    # SIGINT ("fast") to end sessions instead of waiting for every client to disconnect.
     stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
+        """``root``: the directory for the server's files, made if missing; by default
+        a new temporary one. ``close()`` removes it if the server made it."""
         self.port = _free_port()
-        self.root = Path(tempfile.mkdtemp(prefix=f"tierlock-{self.name}-"))
-        self.root.chmod(0o755)
-        self.data = self.root / "data"
+        if root is None:
+            root = Path(tempfile.mkdtemp(prefix=f"tierlock-{self.name}-"))
+            root.chmod(0o755)
+            self._made_root = True
+        else:
+            self._made_root = not root.exists()
+            root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.data = root / "data"
         self.log = self.root / "server.log"
         self._process: subprocess.Popen[bytes] | None = None
         self.last_start_seconds = 0.0
@@ -101,16 +122,17 @@ class Server(abc.ABC):
     @property
     @abc.abstractmethod
     def url(self) -> str:
-        """The SQLAlchemy URL of the test database."""
+        """The URL the tests give tierlock (for a SQL server, the SQLAlchemy URL of the
+        test database)."""
 
     @property
     def _ready_url(self) -> str:
-        """A URL that answers as soon as the server accepts connections."""
+        """A SQLAlchemy URL that answers as soon as the server accepts connections
+        (for the default ``_answers``)."""
         return self.url
 
-    @abc.abstractmethod
-    def _initialize(self) -> None:
-        """Create the data directory."""
+    def _initialize(self) -> None:  # noqa: B027 (optional hook)
+        """Prepare the data directory before the first start; by default nothing."""
 
     @abc.abstractmethod
     def _command(self) -> list[str]:
@@ -120,14 +142,19 @@ class Server(abc.ABC):
         """The OS user to run the server as, or None for the current one."""
         return None
 
-    @abc.abstractmethod
-    def _after_first_start(self) -> None:
-        """Create what the test database needs, once."""
+    def _after_first_start(self) -> None:  # noqa: B027 (optional hook)
+        """Create what the tests need, once; by default nothing."""
 
     def initialize_and_start(self) -> None:
-        self._initialize()
-        self.start()
-        self._after_first_start()
+        """Prepare the data directory and start the server for the first time; if that
+        fails, ``close()`` it, leaving nothing behind."""
+        try:
+            self._initialize()
+            self.start()
+            self._after_first_start()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def running(self) -> bool:
@@ -151,26 +178,31 @@ class Server(abc.ABC):
         self.last_start_seconds = time.monotonic() - began
 
     def _wait_ready(self, deadline: float) -> None:
+        while True:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise ServerUnavailable(
+                    f"{self.name} exited with {self._process.returncode} while starting:\n"
+                    f"{_tail(self.log)}"
+                )
+            try:
+                self._answers()
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise ServerUnavailable(
+                        f"{self.name} not ready after {READY_TIMEOUT:g} s ({exc}):\n"
+                        f"{_tail(self.log)}"
+                    ) from exc
+            time.sleep(POLL)
+
+    def _answers(self) -> None:
+        """Return if the server takes connections; raise while it does not yet. By
+        default a ``SELECT 1`` on ``_ready_url``."""
         engine = create_engine(self._ready_url, poolclass=NullPool)
         try:
-            while True:
-                assert self._process is not None
-                if self._process.poll() is not None:
-                    raise ServerUnavailable(
-                        f"{self.name} exited with {self._process.returncode} while starting:\n"
-                        f"{_tail(self.log)}"
-                    )
-                try:
-                    with engine.connect() as connection:
-                        connection.execute(text("SELECT 1"))
-                    return
-                except Exception as exc:
-                    if time.monotonic() > deadline:
-                        raise ServerUnavailable(
-                            f"{self.name} not ready after {READY_TIMEOUT:g} s ({exc}):\n"
-                            f"{_tail(self.log)}"
-                        ) from exc
-                time.sleep(POLL)
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
         finally:
             engine.dispose()
 
@@ -197,14 +229,15 @@ class Server(abc.ABC):
         self.start()
 
     def close(self) -> None:
-        """Kill the server if it runs and remove every file it wrote."""
+        """Kill the server if it runs and remove its directory if it made it."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self._made_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> Server:
+    def __enter__(self: _ServerT) -> _ServerT:
         return self
 
     def __exit__(
@@ -231,11 +264,17 @@ class Server(abc.ABC):
             )
 
 
-def _program(*candidates: str) -> str:
+def program(*candidates: str) -> str:
+    """The path of the first of ``candidates`` that is installed.
+
+    :raises ServerUnavailable: none is.
+    """
     for candidate in candidates:
         found = shutil.which(candidate)
         if found is not None:
             return found
+    if len(candidates) == 1:
+        raise ServerUnavailable(f"{candidates[0]} is not installed")
     raise ServerUnavailable(f"none of {', '.join(candidates)} is installed")
 
 
@@ -243,8 +282,8 @@ class MariaDBServer(Server):
     name = "mariadb"
 
     def __init__(self) -> None:
-        self.install_db = _program("mariadb-install-db", "mysql_install_db")
-        self.mariadbd = _program("mariadbd", "/usr/sbin/mariadbd", "mysqld", "/usr/sbin/mysqld")
+        self.install_db = program("mariadb-install-db", "mysql_install_db")
+        self.mariadbd = program("mariadbd", "/usr/sbin/mariadbd", "mysqld", "/usr/sbin/mysqld")
         super().__init__()
 
     @property
@@ -306,7 +345,7 @@ def _postgresql_bindir() -> Path:
     )
     if found:
         return Path(found[-1]).parent
-    return Path(_program("postgres")).parent
+    return Path(program("postgres")).parent
 
 
 class PostgreSQLServer(Server):
@@ -337,9 +376,6 @@ class PostgreSQLServer(Server):
 
     def _run_as(self) -> str | None:
         return self.user
-
-    def _after_first_start(self) -> None:
-        """Nothing to do: the tests use the ``postgres`` database initdb made."""
 
     def _initialize(self) -> None:
         self._check_call(
@@ -381,11 +417,7 @@ def private_server(name: str) -> Server:
         is left behind.
     """
     server = SERVERS[name]()
-    try:
-        server.initialize_and_start()
-    except BaseException:
-        server.close()
-        raise
+    server.initialize_and_start()
     return server
 
 

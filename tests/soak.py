@@ -1,4 +1,4 @@
-"""Soak: the killing load of ``procs.KillingLoad`` against one database for minutes.
+"""Soak: the killing load of ``procs.KillingLoad`` against one engine for minutes.
 
 ::
 
@@ -9,7 +9,8 @@ point of a hold and restarted, and stopped with SIGSTOP while they hold a key fo
 than its lease (``--no-stops`` leaves that out). Prints critical sections, kills, stops,
 violations and the longest time a key stayed blocked after its holder died, and exits
 non-zero if two sections of a key overlapped, a hold's fencing token was not above the
-one before, or anything else went wrong. Works in a table of its own, dropped at the end.
+one before, or anything else went wrong. Works in a table (or namespace) of its own,
+dropped at the end.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ import sys
 import uuid
 from pathlib import Path
 
-from sqlalchemy import create_engine, text
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.soak", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--url", required=True, help="SQLAlchemy URL of the database")
+    parser.add_argument("--url", required=True, help="URL of the database or engine")
     parser.add_argument("--minutes", type=float, default=10.0, help="how long to run")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--keys", type=int, default=3)
@@ -44,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     # top-level modules the test suite imports them as.
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import procs
+    from engines import drop_namespace
 
     logging.basicConfig(level=logging.ERROR)  # takeovers and reaps are the point here
     table = f"tl_soak_{uuid.uuid4().hex[:16]}"
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = load.run(options.minutes * 60)
     finally:
-        engine = create_engine(options.url)
-        with engine.begin() as connection:
-            connection.execute(text(f"DROP TABLE IF EXISTS {table}"))
-        engine.dispose()
+        drop_namespace(options.url, table)
     print(report.summary())
     return 0 if report.violations == 0 and not report.failures else 1
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from aiohelpers import Gate, Holder, Opener, rows, run, settled
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 
 from tierlock.aio import AsyncLockManager
 
@@ -230,7 +230,7 @@ def test_cancelled_while_its_release_is_in_flight(
     run(main)
 
 
-@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+@pytest.mark.parametrize("kind", ["lock", pytest.param("semaphore", marks=SHARED_HOLDS)])
 def test_cancelled_just_after_its_wait_timed_out(
     opener: Opener, key: str, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:

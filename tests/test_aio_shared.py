@@ -7,10 +7,12 @@ import asyncio
 
 import pytest
 from aiohelpers import Gate, Holder, Opener, rows, run, run_with_one_worker, settled, swept
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 
 import tierlock
 from tierlock.aio import AsyncReadLock, AsyncSemaphore
+
+pytestmark = SHARED_HOLDS
 
 
 @pytest.fixture

@@ -1,53 +1,78 @@
-"""``python -m bench`` drives every implementation through each kind of scenario.
+"""``python -m bench`` drives every implementation through each kind of scenario, on
+every engine.
 
 Timings are for people to read, not for tests: what is checked is that every row is
 reported, that no lock let two sections of a key overlap while the floor, which locks
-nothing, was caught doing so, that counts add up (wins within tries, one heartbeat
-statement per 512 renewed holds, none without renewal), that the asyncio scenarios'
-tasks share a few threads where the sync manager needs one per worker, that each
-scenario's chart is a readable PNG linked under its heading, and that a run leaves no
-table and no process behind.
+nothing, was caught doing so, that counts add up (the peers' commands and requests per
+uncontended section, wins within tries, one heartbeat statement per 512 renewed holds
+on SQL, none without renewal), that the asyncio scenarios' tasks share a few threads
+where the sync manager needs one per worker, that each scenario's chart is a readable
+PNG linked under its heading, and that a run leaves no table, key or node and no
+process behind.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import procs
 import pytest
 import redis
-from sqlalchemy import create_engine, inspect
+from engines import SQL, left_over, require_server
+
+from tierlock.backends import engine_of
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SCENARIOS = ("uncontended", "hot-4x4")  # one thread; processes contending
-FLOOR = "floor: 2x SELECT 1"
-REDIS = "redis-py Lock"
 ASYNC_SCENARIOS = ("async-hot", "async-spread")
-ASYNC_ROWS = ["tierlock.aio", "tierlock, threads", "redis.asyncio Lock"]
+ASYNC_ROWS = ["tierlock.aio", "tierlock, threads"]
+REDIS_AIO = "redis.asyncio Lock"
+# The locks of each engine, in the report's order; the floor comes after them.
 LOCKS = {
     "sqlite": ["tierlock", "table-only"],
     "mariadb": ["tierlock", "table-only", "GET_LOCK"],
     "postgresql": ["tierlock", "table-only", "pg_advisory_lock"],
+    "redis": ["tierlock", "redis-py Lock", "python-redis-lock"],
+    "zookeeper": ["tierlock", "kazoo Lock"],
 }
+FLOORS = {
+    "mariadb": "floor: 2x SELECT 1",
+    "postgresql": "floor: 2x SELECT 1",
+    "redis": "floor: 2x PING",
+    "zookeeper": "floor: 2x exists",
+}
+# What an uncontended section costs each peer, counted at its client: redis-py's SET NX
+# and release script; python-redis-lock's GET (held already?), SET NX and release
+# script; the floors' two round trips.
+UNCONTENDED = {
+    "redis-py Lock": 2,
+    "python-redis-lock": 3,
+    "floor: 2x SELECT 1": 2,
+    "floor: 2x PING": 2,
+    "floor: 2x exists": 2,
+}
+# Columns of the tables, after the implementation's.
+PER_SECTION = 6
+PER_TRY = 7
+
+
+def engine_params(*names: str) -> list[Any]:
+    """``db`` parameters for a test that names its engines, marked as conftest marks them."""
+    return [
+        pytest.param(name, marks=() if name == "sqlite" else getattr(pytest.mark, name))
+        for name in names
+    ]
 
 
 def require_redis() -> None:
-    """Skip without the Redis server, or fail when ``CI=true``, as ``require_server`` does."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        reason = f"{REDIS_URL} is unreachable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-    finally:
-        client.close()
+    """Skip without the Redis server, or fail when ``CI=true``, as ``require_server`` does
+    (for benchmarks whose peers need it beside the database under test)."""
+    require_server(REDIS_URL)
 
 
 def run_bench(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -107,10 +132,67 @@ def processes_naming(text: str) -> list[int]:
     return found
 
 
+def check_cleaned_up(url: str, table: str) -> None:
+    """Nothing of the run is left on the engine: no lock table, no key of tierlock's or
+    its peers' (python-redis-lock's ``lock:`` and ``lock-signal:`` keys included), no
+    node; and no worker process."""
+    assert not left_over(url, table), "the lock table (namespace) is removed afterwards"
+    kind = engine_of(url)
+    if kind == "redis":
+        with redis.Redis.from_url(url) as client:
+            assert list(client.scan_iter(match=f"*{table}*", count=1000)) == []
+    elif kind == "zookeeper":
+        assert not left_over(url, f"{table}_peers"), "the peers' nodes are removed afterwards"
+    assert processes_naming(table) == [], "no worker outlives the run"
+
+
+def check_locks(report: str, scenario: str, db: str) -> dict[str, list[str]]:
+    """The rows of one blocking scenario: every lock of ``db`` and its floor, in order;
+    no lock let sections overlap and each ran some. Returns the rows by label."""
+    found = rows(report, scenario)
+    floors = [FLOORS[db]] if db in FLOORS else []
+    assert list(found) == [*LOCKS[db], *floors], report
+    for label in LOCKS[db]:
+        assert found[label][-1] == "0", f"{scenario}: {label} violated exclusion\n{report}"
+        # Table-only's threads on one hot key back off up to 0.1 s between tries
+        # (150-900 sections/s in full runs): a 0.1 s cell on a loaded machine may
+        # end before any wins. Every other lock runs sections in every cell.
+        if not (label == "table-only" and scenario.startswith("hot-")):
+            sections = float(found[label][0].split()[0])
+            assert sections > 0, f"{scenario}: {label} ran no section\n{report}"
+    for label in floors:
+        assert found[label][-1] == "n/a"
+    return found
+
+
+def check_uncontended_counts(report: str) -> None:
+    """Each peer sends what its code says per uncontended section, counted at its client;
+    tierlock at least its take and its release."""
+    for label, cells in rows(report, "uncontended").items():
+        sent = value(cells[PER_SECTION])
+        if label in UNCONTENDED:
+            assert sent == UNCONTENDED[label], f"{label}: {sent} per section\n{report}"
+        elif label == "kazoo Lock":
+            # Create, list the children, delete; and first either ask whether the key's
+            # node exists (a new Lock object; two requests more if it makes the node)
+            # or look for a node of its own that an earlier acquire may have left.
+            assert 4 <= sent <= 6, f"{label}: {sent} per section\n{report}"
+        else:
+            assert sent >= 2, f"{label}: {sent} per section\n{report}"
+
+
+def floor_caught(report: str, scenario: str) -> int:
+    """Lost updates and overlaps the check caught in the floor's sections."""
+    section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
+    caught = re.search(r"caught (\d+) lost updates and (\d+) overlaps", section)
+    assert caught is not None, report
+    return int(caught[1]) + int(caught[2])
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.sql_only("Redis and ZooKeeper run every scenario in one test, to save time")
 def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_path: Path) -> None:
-    require_redis()
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
     result = run_bench(
@@ -123,39 +205,74 @@ def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_pat
     assert report in result.stdout
     assert "- legend: " in report and "- machine: " in report
 
-    floors = [] if db == "sqlite" else [FLOOR]
     for scenario in SCENARIOS:
-        found = rows(report, scenario)
-        assert list(found) == [*LOCKS[db], *floors, REDIS], report
-        for label in [*LOCKS[db], REDIS]:
-            assert found[label][-1] == "0", f"{scenario}: {label} violated exclusion\n{report}"
-            # Table-only's threads on one hot key back off up to 0.1 s between tries
-            # (150-900 sections/s in full runs): a 0.1 s cell on a loaded machine may
-            # end before any wins. Every other lock runs sections in every cell.
-            if not (label == "table-only" and scenario.startswith("hot-")):
-                sections = float(found[label][0].split()[0])
-                assert sections > 0, f"{scenario}: {label} ran no section\n{report}"
-        for label in floors:
-            assert found[label][-1] == "n/a"
-    if floors:
+        check_locks(report, scenario, db)
+    check_uncontended_counts(report)
+    if db in FLOORS:
         # Sixteen threads on one key with no lock: the check must catch them.
-        hot = report.split("\n## hot-4x4:", 1)[1].split("\n## ", 1)[0]
-        caught = re.search(r"caught (\d+) lost updates and (\d+) overlaps", hot)
-        assert caught is not None, report
-        assert int(caught[1]) + int(caught[2]) > 0, report
+        assert floor_caught(report, "hot-4x4") > 0, report
     assert re.search(rf"\| {db} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", report)
     check_charts(report, tmp_path, SCENARIOS)
-
-    engine = create_engine(db_url)
-    try:
-        assert not inspect(engine).has_table(table), "the lock table is dropped afterwards"
-    finally:
-        engine.dispose()
-    assert processes_naming(table) == [], "no worker outlives the run"
+    check_cleaned_up(db_url, table)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("db", engine_params("redis", "zookeeper"), indirect=True)
+def test_redis_and_zookeeper_locks_exclude_and_the_run_cleans_up(
+    db: str, db_url: str, tmp_path: Path
+) -> None:
+    """tierlock and the engine's peers through the blocking scenarios, the flash sale
+    and renewal, in one short run."""
+    output = tmp_path / "results.md"
+    table = f"bench_{uuid.uuid4().hex[:12]}"
+    scenarios = (*SCENARIOS, "flash-sale")
+    result = run_bench(
+        *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
+        *(f"--scenario={scenario}" for scenario in (*scenarios, "renewal", "acquire-release")),
+        *("--renewal-holds", "20", "--renewal-ttl", "0.6"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = output.read_text(encoding="utf-8")
+    assert report in result.stdout
+    assert "\n## acquire-release" not in report, "the bare driver's statements are SQL's"
+
+    hot = check_locks(report, "hot-4x4", db)
+    check_locks(report, "uncontended", db)
+    check_uncontended_counts(report)
+    # Holds pass between the threads of a process with no request.
+    for label in LOCKS[db][1:]:
+        assert value(hot["tierlock"][PER_SECTION]) < value(hot[label][PER_SECTION]), report
+
+    sales = rows(report, "flash-sale")
+    assert list(sales) == [*LOCKS[db], FLOORS[db]], report
+    for label, cells in sales.items():
+        wins, tries, per_try = value(cells[0]), value(cells[1]), value(cells[PER_TRY])
+        assert 0 <= wins <= tries and tries > 0, f"{label}: {wins} wins of {tries}\n{report}"
+        if label in LOCKS[db]:
+            assert cells[-1] == "0", f"{label} violated exclusion\n{report}"
+        if label != "tierlock":
+            # A try costs every peer a round trip at least; most of tierlock's lost
+            # tries fail in tier 1.
+            assert value(sales["tierlock"][PER_TRY]) < per_try, report
+    assert value(sales["tierlock"][0]) > 0, report
+    # Sixteen and thirty-two threads on one key with no lock: the check must catch them.
+    assert floor_caught(report, "hot-4x4") + floor_caught(report, "flash-sale") > 0, report
+
+    renewal = rows(report, "renewal")
+    renewed, fixed = renewal["tierlock, renew=True"], renewal["tierlock, renew=False"]
+    # window s, statements/s, per 1000 holds, statements/beat, heartbeats/s, renewals/s
+    assert value(renewed[5]) > 0, report
+    assert [value(cell) for cell in (*fixed[1:3], *fixed[4:6])] == [0, 0, 0, 0], report
+    assert renewed[-1] == fixed[-1] == "0", "every hold is released"
+    check_charts(report, tmp_path, scenarios)
+    check_cleaned_up(db_url, table)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.sql_only("Redis and ZooKeeper run every scenario in one test, to save time")
 def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_path: Path) -> None:
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
@@ -173,7 +290,7 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     sales = rows(report, "flash-sale")
     assert list(sales) == LOCKS[db], report
     for label, cells in sales.items():
-        wins, tries, per_try = value(cells[0]), value(cells[1]), value(cells[6])
+        wins, tries, per_try = value(cells[0]), value(cells[1]), value(cells[PER_TRY])
         assert 0 <= wins <= tries and tries > 0, f"{label}: {wins} wins of {tries}\n{report}"
         # On SQLite, 32 connections of table-only share one writer: in half a second
         # they may win nothing. Everywhere else every lock sells.
@@ -182,8 +299,8 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
         assert per_try > 0, f"{label} sent no statement\n{report}"
         assert cells[-1] == "0", f"{label} violated exclusion\n{report}"
     # A lost try costs table-only at least its insert; tierlock's are mostly local.
-    assert value(sales["table-only"][6]) >= 1
-    assert value(sales["tierlock"][6]) < value(sales["table-only"][6])
+    assert value(sales["table-only"][PER_TRY]) >= 1
+    assert value(sales["tierlock"][PER_TRY]) < value(sales["table-only"][PER_TRY])
 
     renewal = rows(report, "renewal")
     renewed, fixed = renewal["tierlock, renew=True"], renewal["tierlock, renew=False"]
@@ -195,13 +312,14 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     assert [value(cell) for cell in fixed[1:3]] == [0, 0], report
     assert renewed[-1] == fixed[-1] == "0", "every hold is released"
     check_charts(report, tmp_path, ["flash-sale"])
+    check_cleaned_up(db_url, table)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("cpu-measures")  # (see test_processes' fairness test)
+@pytest.mark.parametrize("db", engine_params(*SQL, "redis"), indirect=True)
 def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_path: Path) -> None:
-    require_redis()
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
     result = run_bench(
@@ -215,57 +333,58 @@ def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_p
     report = output.read_text(encoding="utf-8")
     assert report in result.stdout
 
+    expected = [*ASYNC_ROWS, REDIS_AIO] if db == "redis" else ASYNC_ROWS
     for scenario in ASYNC_SCENARIOS:
         found = rows(report, scenario)
-        assert list(found) == ASYNC_ROWS, report
+        assert list(found) == expected, report
         for label, cells in found.items():
             assert cells[-1] == "0", f"{scenario}: {label} violated exclusion\n{report}"
             # Every worker finishes the section under way at the stop: each row ran some,
-            # and sent statements (commands) for them.
-            assert value(cells[5]) > 0, f"{scenario}: {label} sent nothing\n{report}"
+            # and sent statements (commands, requests) for them.
+            sent = value(cells[PER_SECTION])
+            assert sent > 0, f"{scenario}: {label} sent nothing\n{report}"
         if scenario == "async-hot":
             # Holds pass between tasks (threads) of one manager with no statement.
-            for label in ASYNC_ROWS[:2]:
+            for label in ASYNC_ROWS:
                 assert value(found[label][0]) > 0, f"{label} ran no section\n{report}"
-                assert value(found[label][5]) < 1, f"{label}: a statement per section\n{report}"
+                sent = value(found[label][PER_SECTION])
+                assert sent < 1, f"{label}: a statement per section\n{report}"
         section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
         summary = section.split("\n### tierlock.aio next to the others\n", 1)[1]
         line = [line for line in summary.splitlines() if line.startswith("|")][2]
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        # The database, tierlock.aio's sections/s and its ratios to the other two rows',
-        # then the threads of each row's process as the run stopped.
-        assert len(cells) == 7, report
-        aio_threads, sync_threads, redis_threads = (int(cell) for cell in cells[4:])
+        # The engine, tierlock.aio's sections/s and its ratios to the other rows', then
+        # the threads of each row's process as the run stopped.
+        others = len(expected) - 1
+        assert len(cells) == 2 + 2 * others + 1, report
+        aio_threads, sync_threads, *redis_threads = (int(cell) for cell in cells[2 + others :])
         workers = 100 if scenario == "async-hot" else 32
         assert sync_threads > workers, f"a thread per worker, and the manager's\n{report}"
         # The tasks share the loop's thread, and the manager a few of its own (statements,
         # doorbells, heartbeat), whatever the number of tasks.
-        assert aio_threads < 24 and redis_threads < 24, report
+        assert aio_threads < 24 and all(count < 24 for count in redis_threads), report
         if scenario == "async-hot":
-            assert all(value(cell) > 0 for cell in cells[1:4]), report
+            assert all(value(cell) > 0 for cell in cells[1 : 2 + others]), report
     check_charts(report, tmp_path, ASYNC_SCENARIOS)
-
-    engine = create_engine(db_url)
-    try:
-        assert not inspect(engine).has_table(table), "the lock table is dropped afterwards"
-    finally:
-        engine.dispose()
-    assert processes_naming(table) == [], "no worker outlives the run"
+    check_cleaned_up(db_url, table)
 
 
 @pytest.mark.multiprocess
 def test_unreachable_server_is_skipped_with_a_note(tmp_path: Path) -> None:
     dead = "postgresql+psycopg://postgres@127.0.0.1:1/test"  # nothing listens on port 1
+    dead_redis = "redis://127.0.0.1:1/0"
     output = tmp_path / "results.md"
     result = run_bench(
         *("--db", "sqlite", "--dburi", f"sqlite=sqlite:///{tmp_path / 'bench.db'}"),
         *("--db", "postgresql", "--dburi", f"postgresql={dead}"),
+        *("--db", "redis", "--dburi", f"redis={dead_redis}"),
         *("--impl", "tierlock", "--scenario", "uncontended", "--output", str(output)),
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = output.read_text(encoding="utf-8")
     assert f"- skipped: postgresql: cannot use {dead}" in report
+    assert f"- skipped: redis: cannot use {dead_redis}" in report
     assert list(rows(report, "uncontended")) == ["tierlock"]
     assert "### SQLite" in report
-    assert "### PostgreSQL" not in report
+    assert "### PostgreSQL" not in report and "### Redis" not in report

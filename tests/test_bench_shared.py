@@ -15,8 +15,11 @@ from pathlib import Path
 
 import procs
 import pytest
+from conftest import SHARED_HOLDS
 from sqlalchemy import create_engine, inspect
 from test_bench import processes_naming, require_redis
+
+pytestmark = SHARED_HOLDS
 
 READ_MOSTLY = {
     "sqlite": ["tierlock read_lock/lock", "tierlock lock only"],

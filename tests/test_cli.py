@@ -19,6 +19,7 @@ from pathlib import Path
 import procs
 import pytest
 from click.testing import CliRunner, Result
+from conftest import SHARED_HOLDS
 from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
 from test_sql_files import normalise, split
@@ -160,6 +161,7 @@ def test_init_print_sql_asks_a_mysql_url_s_server(
         assert lock.token is not None
 
 
+@pytest.mark.keeps_expired
 def test_ls_shows_every_holder(
     make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
 ) -> None:
@@ -184,6 +186,7 @@ def test_ls_shows_every_holder(
     stale.release()  # an expired row nobody took over is still the holder's to delete
 
 
+@SHARED_HOLDS
 def test_ls_shows_each_hold_with_its_mode(
     make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
 ) -> None:
@@ -221,6 +224,7 @@ def test_release_needs_force(
     assert f"{key!r} was not held" in again.stdout
 
 
+@pytest.mark.keeps_expired
 def test_reap_deletes_only_expired_rows(
     make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str, key: str
 ) -> None:

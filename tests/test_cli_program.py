@@ -90,6 +90,7 @@ def stop(reaper: subprocess.Popen[str], lines: Lines, signum: signal.Signals) ->
 
 
 @pytest.mark.multiprocess
+@pytest.mark.keeps_expired
 def test_reaper_service_reaps_and_stops_on_sigterm(
     make_manager: Callable[..., tierlock.LockManager],
     start_reaper: Callable[[str, str], subprocess.Popen[str]],

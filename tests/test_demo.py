@@ -1,6 +1,6 @@
 """``tierlock demo``: the lock keeps the money, its absence loses it, and the numbers add up.
 
-Small runs (2 processes x 2 threads, about a second each) on every database.
+Small runs (2 processes x 2 threads, about a second each) on every engine.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engines import left_over
 from rich.console import Console
-from sqlalchemy import inspect
-from sqlalchemy.engine import Engine
 
 from tierlock.cli import main
 from tierlock.demo import (
     OPENING_BALANCE,
     DemoConfig,
     DemoRun,
-    accounts_table_name,
     run_demo,
 )
+from tierlock.demo_accounts import accounts_name
 from tierlock.demo_report import report
 from tierlock.stats import LockStats
 
@@ -35,7 +34,7 @@ def small(db_url: str, table: str) -> DemoConfig:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_demo_conserves_money_only_with_the_lock(db_url: str, table: str, engine: Engine) -> None:
+def test_demo_conserves_money_only_with_the_lock(db_url: str, table: str) -> None:
     config = small(db_url, table)
     out = io.StringIO()
     console = Console(file=out, width=120)
@@ -71,7 +70,7 @@ def test_demo_conserves_money_only_with_the_lock(db_url: str, table: str, engine
     assert re.search(r"│ lock wait p99 +│ +[\d,.]+ ms │", text)
     assert "conserved" in text
     assert "(broken)" in text
-    assert not inspect(engine).has_table(accounts_table_name(table)), "the accounts are dropped"
+    assert not left_over(db_url, accounts_name(table)), "the accounts are dropped"
 
 
 def run(guarded: bool, before: int, after: int, errors: list[str] | None = None) -> DemoRun:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import procs
 import pytest
-from conftest import DATABASES, require_server
+from engines import ENGINES, require_server
 
 PROJECT = procs.ROOT / "tests" / "django_project"
 SUITE_TESTS = 28
@@ -59,8 +59,9 @@ def run_in_project(
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.sql_only("Django's database is the lock store")
 def test_django_suite(db: str, tmp_path: Path) -> None:
-    url = DATABASES[db]
+    url = ENGINES[db]
     if url is not None:
         require_server(url)
     env = {

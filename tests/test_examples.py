@@ -1,4 +1,5 @@
-"""The scripts in examples/ run as documented, on every database, and say what they show."""
+"""The scripts in examples/ run as documented, on every engine they can, and say what they
+show."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import procs
 import pytest
+from conftest import SHARED_HOLDS
 
 import tierlock
 
 QUICKSTART = procs.ROOT / "examples" / "quickstart.py"
+KEEPS_ACCOUNTS_IN_SQL = pytest.mark.sql_only("the example keeps its accounts in the same database")
 
 
 def run_example(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -61,6 +64,7 @@ def run_ok(script: str, *args: str, cwd: Path) -> str:
 
 
 @pytest.mark.multiprocess
+@KEEPS_ACCOUNTS_IN_SQL
 def test_flask_app_balances_add_up(db_url: str, table: str, tmp_path: Path) -> None:
     out = run_ok("flask_app.py", "--url", db_url, "--table", table, cwd=tmp_path)
     assert "200 transfers from 8 client threads" in out
@@ -72,6 +76,7 @@ def test_flask_app_balances_add_up(db_url: str, table: str, tmp_path: Path) -> N
 
 
 @pytest.mark.multiprocess
+@KEEPS_ACCOUNTS_IN_SQL
 def test_django_service_pays_out_exactly_the_balance(
     db_url: str, table: str, tmp_path: Path
 ) -> None:
@@ -128,6 +133,7 @@ def test_examples_default_to_sqlite_in_a_temporary_directory(script: str, tmp_pa
 
 
 @pytest.mark.multiprocess
+@SHARED_HOLDS
 def test_read_write_readers_share_and_the_writer_is_alone(
     db_url: str, table: str, tmp_path: Path
 ) -> None:
@@ -146,6 +152,7 @@ def test_read_write_readers_share_and_the_writer_is_alone(
 
 
 @pytest.mark.multiprocess
+@SHARED_HOLDS
 def test_semaphore_keeps_the_provider_within_its_limit(
     db_url: str, table: str, tmp_path: Path
 ) -> None:
@@ -161,6 +168,7 @@ def test_semaphore_keeps_the_provider_within_its_limit(
 
 
 @pytest.mark.multiprocess
+@KEEPS_ACCOUNTS_IN_SQL
 def test_fastapi_transfers_keep_the_total_only_with_the_locks(
     db_url: str, table: str, tmp_path: Path
 ) -> None:

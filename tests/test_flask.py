@@ -19,6 +19,7 @@ import flask_bank
 import procs
 import pytest
 from conftest import SERVERS, MakeManager
+from engines import SQL
 from flask import Flask
 from flask.testing import FlaskCliRunner
 from flask_load import ACCOUNTS, deposited, get_balances, plan, post, run_threads
@@ -39,11 +40,18 @@ WIDE = {"COLUMNS": "200"}
 
 
 @pytest.fixture
-def bank(db_url: str, table: str) -> Iterator[int]:
+def bank_url(db_url: str, db: str, tmp_path: Path) -> str:
+    """Where the bank keeps its accounts: beside the locks, or in SQLite beside an
+    engine that has no tables."""
+    return db_url if db in SQL else f"sqlite:///{tmp_path / 'bank.db'}"
+
+
+@pytest.fixture
+def bank(bank_url: str, table: str) -> Iterator[int]:
     """An accounts table beside the test's lock table; the total money in it."""
-    flask_bank.open_accounts(db_url, table, ACCOUNTS)
+    flask_bank.open_accounts(bank_url, table, ACCOUNTS)
     yield ACCOUNTS * flask_bank.OPENING_BALANCE
-    engine = create_engine(db_url)
+    engine = create_engine(bank_url)
     try:
         with engine.begin() as db:
             flask_bank.accounts_table(table).drop(db, checkfirst=True)
@@ -68,8 +76,9 @@ def make_app() -> Iterator[Callable[..., Flask]]:
 
 
 @pytest.fixture
-def app(make_app: Callable[..., Flask], db_url: str, table: str) -> Flask:
+def app(make_app: Callable[..., Flask], db_url: str, bank_url: str, table: str) -> Flask:
     return make_app(
+        BANK_URL=bank_url,
         TIERLOCK_URL=db_url,
         TIERLOCK_TABLE=table,
         TIERLOCK_OPTIONS={"reaper_interval": None, "poll_interval": 0.02},
@@ -372,6 +381,7 @@ def test_cli_release_needs_force(
     assert result.stdout.strip() == f"{key!r} was not held; nothing to release"
 
 
+@pytest.mark.keeps_expired
 def test_cli_reap_counts_an_expired_row(
     runner: FlaskCliRunner, make_manager: MakeManager, table: str, key: str
 ) -> None:
@@ -389,6 +399,7 @@ def test_cli_reap_counts_an_expired_row(
     assert result.stdout.strip() == f"reaped 0 expired lock(s) from {table}"
 
 
+@pytest.mark.sql_only("only SQL has a table to make")
 def test_cli_says_how_to_make_a_missing_table(
     make_app: Callable[..., Flask], db_url: str, table: str
 ) -> None:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from rwhelpers import (
     Handle,
     Holder,
@@ -21,6 +21,8 @@ from rwhelpers import (
 )
 
 import tierlock
+
+pytestmark = SHARED_HOLDS
 
 # -- handles -------------------------------------------------------------------------
 

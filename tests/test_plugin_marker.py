@@ -10,7 +10,7 @@ import socket
 import time
 
 import pytest
-from conftest import MakeManager
+from conftest import PLUGIN_DATABASES, MakeManager
 from polling import wait_until
 from scratch import Scratch
 
@@ -19,6 +19,7 @@ from tierlock.base import DEFAULT_TTL
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
+@PLUGIN_DATABASES
 def test_marked_tests_on_one_key_never_overlap(scratch: Scratch) -> None:
     scratch.write(
         test_one_key="""
@@ -43,6 +44,7 @@ def test_marked_tests_on_one_key_never_overlap(scratch: Scratch) -> None:
     assert len({pid for pid, *_ in scratch.records("started")}) > 1, "one process ran them all"
 
 
+@PLUGIN_DATABASES
 def test_tests_on_different_keys_run_side_by_side(scratch: Scratch) -> None:
     # Each test waits inside its body until all four are inside theirs: only tests
     # that run at the same time can all get there.
@@ -85,6 +87,7 @@ def test_keys_are_taken_in_sorted_order_so_crossed_markers_do_not_deadlock(
     scratch.run(workers=2).assert_outcomes(passed=12)
 
 
+@PLUGIN_DATABASES
 def test_a_timeout_names_the_process_holding_the_key(
     scratch: Scratch, make_manager: MakeManager
 ) -> None:
@@ -113,6 +116,7 @@ def test_a_timeout_names_the_process_holding_the_key(
     assert waited < 60
 
 
+@PLUGIN_DATABASES
 def test_a_timeout_names_the_test_holding_the_key(scratch: Scratch) -> None:
     scratch.write(
         test_named="""
@@ -149,6 +153,7 @@ def pytest_runtest_logreport(report):
     )
 
 
+@PLUGIN_DATABASES
 def test_a_killed_holder_strands_no_one(scratch: Scratch) -> None:
     scratch.write(
         test_killed="""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import PLUGIN_DATABASES
 from scratch import Scratch
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
@@ -43,6 +44,7 @@ def test_the_function_runs_once_and_every_worker_gets_its_result(scratch: Scratc
     assert json.loads(value)["pair"] == [1, 2]  # as JSON gives it, in the maker's process too
 
 
+@PLUGIN_DATABASES
 def test_a_raising_function_runs_once_and_every_worker_gets_its_error(scratch: Scratch) -> None:
     scratch.write(
         test_raises="""
@@ -124,6 +126,7 @@ def test_a_result_json_cannot_hold_is_an_error_where_it_was_made(scratch: Scratc
     scratch.run(workers=0).assert_outcomes(passed=1)
 
 
+@PLUGIN_DATABASES
 def test_a_run_does_not_see_the_results_of_an_earlier_one(
     scratch: Scratch, db_url: str, table: str, engine: Engine
 ) -> None:
@@ -152,6 +155,7 @@ def test_runs_given_one_id_share_results(
         assert connection.execute(text(f"SELECT COUNT(*) FROM {table}_once")).scalar() == 2
 
 
+@PLUGIN_DATABASES
 def test_concurrent_runs_do_not_share_results(
     scratch: Scratch, db_url: str, table: str, engine: Engine
 ) -> None:
@@ -187,6 +191,7 @@ def test_concurrent_runs_do_not_share_results(
     assert inspect(engine).has_table(f"{table}_once")
 
 
+@PLUGIN_DATABASES
 def test_a_function_whose_runner_was_killed_runs_again_in_a_survivor(scratch: Scratch) -> None:
     scratch.write(
         test_killed="""

@@ -30,6 +30,7 @@ def scheduler_chatter(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+@pytest.mark.keeps_expired
 def test_reaper_passes_log_nothing_below_warning(
     make_manager: MakeManager, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,13 +20,13 @@ import procs
 import pytest
 import rwboard
 import rwsoak
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from polling import wait_until
 from test_leases import DriverStatements, driver_statements  # noqa: F401
 
 import tierlock
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, SHARED_HOLDS]
 
 SOAK_SECONDS = 6.0
 CONTROL_SECONDS = 1.0

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from polling import wait_until
 from rwhelpers import (
     LONG,
@@ -27,6 +27,8 @@ from rwhelpers import (
 )
 
 import tierlock
+
+pytestmark = SHARED_HOLDS
 
 # How soon a refused upgrade must fail: "at once", with room for a slow machine.
 AT_ONCE = 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from rwhelpers import (
     Handle,
     Holder,
@@ -22,6 +22,8 @@ from rwhelpers import (
 )
 
 import tierlock
+
+pytestmark = SHARED_HOLDS
 
 
 def test_a_thread_holds_several_permits(make_manager: MakeManager, key: str) -> None:

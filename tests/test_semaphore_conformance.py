@@ -22,11 +22,13 @@ from collections.abc import Callable
 from types import TracebackType
 
 import pytest
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from polling import wait_until
 from rwhelpers import LONG, SPREAD, rows_of
 
 import tierlock
+
+pytestmark = SHARED_HOLDS
 
 # CPython's wait_threads_blocked(): a pause that lets threads reach their wait. Used only
 # before checking that something did NOT happen (a blocked thread did not get through);

@@ -9,13 +9,15 @@ import threading
 import time
 
 import pytest
-from conftest import MakeManager
+from conftest import SHARED_HOLDS, MakeManager
 from polling import wait_until
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
 import tierlock
 from tierlock.backends.sql.table import lock_table
+
+pytestmark = SHARED_HOLDS
 
 # The columns that came with read holds and semaphores.
 NEW_COLUMNS = ("mode", "members", "waiting", "permits", "parent")

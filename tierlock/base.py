@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .backends import LockBackend, open_backend
 from .cohorts import released
+from .errors import LockError
 from .lock import callback, flag, seconds
 from .reaper import Reaper
 from .stats import Counters, LockStats
@@ -72,6 +73,7 @@ class ManagerBase:
             engine,
             table=table,
             create_table=create_table,
+            ttl=self.ttl,
             counters=self._counters,
             timeout=seconds("database_timeout", database_timeout),
         )
@@ -83,6 +85,11 @@ class ManagerBase:
         """Start the reaper if the manager was made with an interval for it."""
         if self._reaper_interval is not None:
             self._reaper.start(self._reaper_interval)
+
+    def _check_shared(self, what: str) -> None:
+        """Refuse a read lock or semaphore handle where the engine has no shared holds."""
+        if self._backend.shared is None:
+            raise LockError(f"{what} are on the SQL engines only, not on {self.url}")
 
     def _reap(self) -> int:
         count = self._backend.reap()

@@ -26,8 +26,9 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from . import __version__, admin
+from .backends import engine_of
+from .backends.basics import check_table_name
 from .backends.sql.ddl import table_ddl
-from .backends.sql.table import check_table_name
 from .base import DEFAULT_TABLE, DEFAULT_URL
 from .demo import (
     DEFAULT_ACCOUNTS,
@@ -41,7 +42,7 @@ from .demo_report import report
 from .errors import BackendError, LockError
 from .manager import LockManager
 from .top import DATABASE_TIMEOUT, watch
-from .urls import hide_password
+from .urls import hide_password, shown_url
 
 __all__ = ["main"]
 
@@ -61,11 +62,16 @@ class Target:
 
     def check(self) -> None:
         """Fail with one line if the URL or the table name cannot be used."""
-        try:
-            make_url(self.url)
-        except (ArgumentError, ValueError):
-            raise admin.Failure(f"not a database URL: {hide_password(self.url)}") from None
+        if self.sql:
+            try:
+                make_url(self.url)
+            except (ArgumentError, ValueError):
+                raise admin.Failure(f"not a database URL: {hide_password(self.url)}") from None
         check_table_name(self.table)
+
+    @property
+    def sql(self) -> bool:
+        return engine_of(self.url) == "sql"
 
     @property
     def parsed(self) -> URL:
@@ -74,14 +80,14 @@ class Target:
     @property
     def shown(self) -> str:
         """The URL with its password hidden, fit to print."""
-        return self.parsed.render_as_string(hide_password=True)
+        return shown_url(self.url)
 
     def manager(self, **options: Any) -> LockManager:
         """A manager for admin work: it neither creates the table nor reaps by itself."""
-        parsed = self.parsed
+        parsed = self.parsed if self.sql else None
         # Opening a missing SQLite file would create an empty one. (Where none can be
         # created, SQLite's own error says that the database is out of reach.)
-        sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+        sqlite_file = parsed.database if parsed and parsed.get_backend_name() == "sqlite" else None
         if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
             raise admin.Failure(admin.missing_table(self.table, self.shown))
         return LockManager(
@@ -238,6 +244,13 @@ def demo_command(
 @pass_target
 def init(target: Target, print_sql: bool) -> None:
     """Create the lock table (and its index) if it does not exist."""
+    if not target.sql:
+        if print_sql:
+            raise admin.Failure(f"--print-sql is for SQL databases, not {target.shown}")
+        with target.manager():  # (reaching the engine is all there is to check)
+            pass
+        admin.console().print(f"{target.shown} needs no table: namespace {target.table} is ready")
+        return
     if print_sql:
         try:
             click.echo(table_ddl(target.parsed, target.table))

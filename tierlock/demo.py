@@ -18,22 +18,21 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing.context import ForkProcess
 from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Barrier
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from sqlalchemy import Column, Integer, MetaData, create_engine, event, func, insert, select, update
-from sqlalchemy import Table as SQLTable
-from sqlalchemy.engine import Connection, Engine, make_url
 
+from .demo_accounts import Accounts, open_accounts
 from .manager import LockManager
 from .stats import LockStats
+from .urls import shown_url
 
-__all__ = ["DemoConfig", "DemoRun", "accounts_table_name", "run_demo"]
+__all__ = ["DemoConfig", "DemoRun", "run_demo"]
 
 CTX = multiprocessing.get_context("fork")
 
@@ -45,16 +44,10 @@ DEFAULT_ACCOUNTS = 20
 DEFAULT_SECONDS = 4.0
 OPENING_BALANCE = 1000
 MAX_AMOUNT = 100
-# Between reading the balances and writing them back: wide enough that overlapping
-# transfers lose updates every second, short enough to keep the rate up.
-TRANSFER_PAUSE = 0.001
 # Bounds that only a broken lock or a hung worker reaches; they end the demo with a
 # message instead of a hang.
 LOCK_WAIT_LIMIT = 30.0
 START_LIMIT = 60.0
-# SQLite's busy timeout: several processes write the file, and without a lock at all
-# writers queue for it often.
-SQLITE_BUSY_SECONDS = 30
 KEY_PREFIX = "tierlock-demo:account"
 
 
@@ -101,65 +94,9 @@ class DemoRun:
         return self.transfers / self.elapsed if self.elapsed else 0.0
 
 
-def accounts_table_name(lock_table: str) -> str:
-    """The accounts live next to the lock table, so demos on other tables never meet."""
-    return f"{lock_table}_demo_accounts"
-
-
-def _accounts(lock_table: str) -> SQLTable:
-    return SQLTable(
-        accounts_table_name(lock_table),
-        MetaData(),
-        Column("id", Integer, primary_key=True, autoincrement=False),
-        Column("balance", Integer, nullable=False),
-    )
-
-
 def counted(number: int, one: str, many: str) -> str:
     """ "1 thread", "4 threads"."""
     return f"{number} {one if number == 1 else many}"
-
-
-def _engine(url: str, pool_size: int) -> Engine:
-    """An autocommit engine for the accounts: each statement commits on its own."""
-    if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=pool_size)
-    engine = create_engine(
-        url,
-        isolation_level="AUTOCOMMIT",
-        pool_size=pool_size,
-        connect_args={"timeout": SQLITE_BUSY_SECONDS},
-    )
-
-    @event.listens_for(engine, "connect")
-    def _wal(dbapi_connection: Any, record: object) -> None:
-        # WAL lets readers run beside the one writer of the file.
-        dbapi_connection.execute("PRAGMA journal_mode = WAL")
-
-    return engine
-
-
-def _total(engine: Engine, accounts: SQLTable) -> int:
-    with engine.connect() as connection:
-        return int(connection.execute(select(func.sum(accounts.c.balance))).scalar_one())
-
-
-def _move(
-    connection: Connection, accounts: SQLTable, source: int, target: int, amount: int
-) -> None:
-    """Read both balances, pause, write both back: safe only if nothing else touches
-    the two accounts meanwhile."""
-    rows = connection.execute(
-        select(accounts.c.id, accounts.c.balance).where(accounts.c.id.in_((source, target)))
-    )
-    balances: dict[int, int] = {row.id: row.balance for row in rows}
-    time.sleep(TRANSFER_PAUSE)
-
-    def write(account: int, balance: int) -> None:
-        connection.execute(update(accounts).where(accounts.c.id == account).values(balance=balance))
-
-    write(source, balances[source] - amount)
-    write(target, balances[target] + amount)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -184,8 +121,7 @@ def _work(
 def _transfer_until_done(
     config: DemoConfig, guarded: bool, start: Barrier, done: Synchronized[int]
 ) -> WorkerReport:
-    engine = _engine(config.url, config.threads)
-    accounts = _accounts(config.table)
+    accounts = open_accounts(config.url, config.table, config.threads)
     locks = (
         LockManager(config.url, table=config.table, create_table=False, reaper_interval=None)
         if guarded
@@ -197,8 +133,7 @@ def _transfer_until_done(
 
     def transfer(source: int, target: int, amount: int) -> None:
         if locks is None:
-            with engine.connect() as connection:
-                _move(connection, accounts, source, target, amount)
+            accounts.move(source, target, amount)
             return
         first, second = (
             locks.lock((KEY_PREFIX, account), timeout=LOCK_WAIT_LIMIT)
@@ -207,8 +142,7 @@ def _transfer_until_done(
         began = time.perf_counter()
         with first, second:
             waits.append(time.perf_counter() - began)
-            with engine.connect() as connection:
-                _move(connection, accounts, source, target, amount)
+            accounts.move(source, target, amount)
 
     def loop(index: int, deadline: float) -> None:
         choose = random.Random()  # not the module's: forked workers share its state
@@ -239,7 +173,7 @@ def _transfer_until_done(
     finally:
         if locks is not None:
             locks.close()
-        engine.dispose()
+        accounts.close()
     return WorkerReport(
         transfers=sum(counts),
         elapsed=elapsed,
@@ -258,18 +192,22 @@ def _sum_stats(stats: list[LockStats]) -> LockStats:
     )
 
 
-def _run(config: DemoConfig, guarded: bool, engine: Engine, console: Console) -> DemoRun:
+@contextlib.contextmanager
+def _accounts(config: DemoConfig) -> Iterator[Accounts]:
+    """The accounts, for this process between forks: the workers are forked, and must
+    inherit no connection (nor a ZooKeeper client's threads) to share."""
+    accounts = open_accounts(config.url, config.table, 1)
+    try:
+        yield accounts
+    finally:
+        accounts.close()
+
+
+def _run(config: DemoConfig, guarded: bool, console: Console) -> DemoRun:
     """Seed the accounts, run the workers, and sum up what they did."""
-    accounts = _accounts(config.table)
-    accounts.drop(engine, checkfirst=True)
-    accounts.create(engine)
-    with engine.connect() as connection:
-        connection.execute(
-            insert(accounts),
-            [{"id": i, "balance": OPENING_BALANCE} for i in range(config.accounts)],
-        )
-    before = _total(engine, accounts)
-    engine.dispose()  # the workers are forked: leave them no connection to share
+    with _accounts(config) as accounts:
+        accounts.seed(config.accounts, OPENING_BALANCE)
+        before = accounts.total()
 
     start = CTX.Barrier(config.processes + 1)
     done: Synchronized[int] = CTX.Value("q", 0)
@@ -285,6 +223,10 @@ def _run(config: DemoConfig, guarded: bool, engine: Engine, console: Console) ->
     for worker in workers:
         worker.join(START_LIMIT)
     errors = [report.error for report in received if report.error is not None]
+    with _accounts(config) as accounts:
+        after = accounts.total()
+        if not guarded:
+            accounts.drop()
     if len(received) < len(workers):
         errors.append(f"{len(workers) - len(received)} worker(s) ended without a report")
     return DemoRun(
@@ -292,7 +234,7 @@ def _run(config: DemoConfig, guarded: bool, engine: Engine, console: Console) ->
         transfers=sum(report.transfers for report in received),
         elapsed=max((report.elapsed for report in received), default=0.0),
         total_before=before,
-        total_after=_total(engine, accounts),
+        total_after=after,
         stats=_sum_stats([r.stats for r in received if r.stats is not None]) if guarded else None,
         waits=[wait for report in received for wait in report.waits],
         errors=errors,
@@ -345,16 +287,11 @@ def run_demo(config: DemoConfig, console: Console) -> tuple[DemoRun, DemoRun]:
     # Made here, before any worker exists, so the workers need not race to make it.
     LockManager(config.url, table=config.table, reaper_interval=None).close()
     console.print(
-        f"tierlock demo on {make_url(config.url).render_as_string(hide_password=True)}: "
+        f"tierlock demo on {shown_url(config.url)}: "
         f"{counted(config.processes, 'process', 'processes')} x "
         f"{counted(config.threads, 'thread', 'threads')} move money between "
         f"{config.accounts} accounts, {config.seconds:g} s with tierlock, then "
         f"{config.seconds:g} s without a lock",
         highlight=False,
     )
-    engine = _engine(config.url, 1)
-    try:
-        return _run(config, True, engine, console), _run(config, False, engine, console)
-    finally:
-        _accounts(config.table).drop(engine, checkfirst=True)
-        engine.dispose()
+    return _run(config, True, console), _run(config, False, console)

@@ -48,7 +48,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LockManager(ManagerBase):
-    """Distributed locks kept in a database table, with a per-process first tier.
+    """Distributed locks kept in a database table (or on Redis, or ZooKeeper), with a
+    per-process first tier.
 
     ::
 
@@ -61,12 +62,15 @@ class LockManager(ManagerBase):
         @locks.synchronized("user:{user_id}")
         def transfer(user_id: int, amount: int) -> None: ...
 
-    :param url: a SQLAlchemy database URL; ``sqlite:///tierlock.db`` if neither it
-        nor ``engine`` is given. Engines made from a URL run in autocommit mode.
+    :param url: a SQLAlchemy database URL, ``redis://``/``rediss://host:port/db`` or
+        ``zookeeper://host:port[,host:port]/chroot``; ``sqlite:///tierlock.db`` if neither
+        it nor ``engine`` is given. Engines made from a URL run in autocommit mode.
     :param engine: a ready SQLAlchemy ``Engine`` to use instead of ``url`` (for an
         ``AsyncEngine``, its ``sync_engine``); not an in-memory SQLite one.
-    :param table: the lock table's name, a plain identifier.
-    :param ttl: the default lease of a hold, in seconds (see ``renew``).
+    :param table: the lock table's name, a plain identifier (on Redis, the key
+        prefix; on ZooKeeper, the node under the chroot).
+    :param ttl: the default lease of a hold, in seconds (see ``renew``; on ZooKeeper,
+        the session's timeout, which the server keeps within its own bounds).
     :param renew: keep every hold's lease alive for as long as the hold lasts: one
         heartbeat renews all of the manager's holds at least every ``ttl / 3`` seconds,
         so a hold is lost only if its process dies, stops, or cannot reach the database
@@ -172,6 +176,7 @@ class LockManager(ManagerBase):
         """A handle on the read hold of ``key``, shared with every other reader of it and
         excluded by its write hold; see :class:`ReadLock`. Options as for :meth:`lock`."""
         self._tiers.check_open()
+        self._check_shared("read locks")
         return ReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def semaphore(
@@ -190,6 +195,7 @@ class LockManager(ManagerBase):
         :raises ValueError: ``permits`` is not between 1 and 10,000.
         """
         self._tiers.check_open()
+        self._check_shared("semaphores")
         return Semaphore(self, key, permits, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def synchronized(

@@ -20,9 +20,8 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import make_url
-
 from . import __version__
+from .backends import engine_label
 from .manager import LockManager
 from .stats import Observer
 
@@ -81,7 +80,7 @@ class _Exported(abc.ABC):
 
     def add(self, locks: LockManager) -> None:
         """Export ``locks`` too (once, however often it is added)."""
-        labels = (locks.table, make_url(locks.url).get_backend_name())
+        labels = (locks.table, engine_label(locks.url))
         with self._mutex:
             if locks in self._members:
                 return

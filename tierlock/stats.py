@@ -22,10 +22,10 @@ class LockStats:
     acquisitions: int = 0  #: successful ``acquire()`` calls, reentrant ones included
     reentrant_acquisitions: int = 0  #: acquisitions by a thread that already held the key
     local_waits: int = 0  #: acquisitions that waited in tier 1 behind a local thread
-    statements: int = 0  #: SQL statements sent on the lock table
+    statements: int = 0  #: requests sent: SQL statements, Redis commands, ZooKeeper requests
     doorbell_queries: int = 0  #: MariaDB/MySQL named-lock queries that wake pollers
     wakeups: int = 0  #: SQLite: pollers of other processes woken after a row left
-    inserts: int = 0  #: lock rows inserted (holds won in the database)
+    inserts: int = 0  #: lock rows inserted (holds won in the database, keys or nodes made)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours
     local_handoffs: int = 0  #: holds passed to a local waiter with no statement at all

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["hide_password"]
+__all__ = ["hide_password", "shown_url"]
 
 _PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
 
@@ -14,3 +14,15 @@ _PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
 def hide_password(url: str) -> str:
     """``url`` with the password replaced by ``***``, as SQLAlchemy shows it."""
     return _PASSWORD.sub(r"\1***@", url)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as tierlock shows it: SQLAlchemy's rendering of a database URL, the URL
+    itself for the other engines, the password hidden either way."""
+    from .backends import engine_of
+
+    if engine_of(url) != "sql":
+        return hide_password(url)
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

@@ -129,6 +129,7 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncReadLock:
         """A handle on the read hold of ``key``; see :class:`AsyncReadLock`."""
         self._core.check_open()
+        self._check_shared("read locks")
         return AsyncReadLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
     def semaphore(
@@ -143,6 +144,7 @@ class AsyncLockManager(ManagerBase):
     ) -> AsyncSemaphore:
         """A handle on semaphore ``key`` with ``permits``; see :class:`AsyncSemaphore`."""
         self._core.check_open()
+        self._check_shared("semaphores")
         return AsyncSemaphore(
             self, key, permits, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
         )

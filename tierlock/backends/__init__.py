@@ -20,11 +20,26 @@ if TYPE_CHECKING:
 
     from ..stats import Counters
 
-__all__ = ["Doorbell", "LockBackend", "Share", "SharedHolds", "open_backend"]
+__all__ = [
+    "Doorbell",
+    "LockBackend",
+    "Share",
+    "SharedHolds",
+    "engine_label",
+    "engine_of",
+    "open_backend",
+]
 
 
 class LockBackend(abc.ABC):
-    """Holds of keys with leases. Methods raise only tierlock errors."""
+    """Holds of keys with leases. Methods raise only tierlock errors.
+
+    What an engine can do beyond exclusive holds shows in its class: ``shared`` (read
+    holds and semaphore permits, or ``None``), ``MAX_HANDOFFS`` (passes between threads
+    with no request; 0: none), ``doorbell`` (wake-ups instead of sleeps) and
+    ``others_waiting`` (whether other processes want a key). The engines: ``sql``,
+    ``redis``, ``zookeeper``, one sub-package each, chosen by ``open_backend``.
+    """
 
     #: How many hand-offs between threads of a process one hold may have; each adds one
     #: to its fencing token, which must stay below the token of any later hold.
@@ -265,20 +280,60 @@ class Doorbell:
         pass
 
 
+# URL schemes of the engines that are not SQL; any other URL is SQLAlchemy's.
+ENGINE_SCHEMES = {
+    "redis": "redis",
+    "rediss": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "zookeeper": "zookeeper",
+}
+
+
+def engine_of(url: str) -> str:
+    """The engine a URL names: ``"redis"``, ``"zookeeper"`` or ``"sql"``."""
+    return ENGINE_SCHEMES.get(url.partition("://")[0].lower(), "sql")
+
+
+def engine_label(url: str) -> str:
+    """What metrics and messages call ``url``'s engine: ``"redis"``, ``"zookeeper"``, or
+    SQLAlchemy's name of the database (``"sqlite"``, ``"mysql"``, ``"postgresql"``)."""
+    kind = engine_of(url)
+    if kind != "sql":
+        return kind
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).get_backend_name()
+
+
 def open_backend(
     url: str | None,
     engine: Engine | None,
     *,
     table: str,
     create_table: bool,
+    ttl: float,
     counters: Counters,
     timeout: float,
 ) -> LockBackend:
-    """The backend for a database URL or a ready SQLAlchemy engine.
+    """The backend for a URL (its scheme picks the engine) or a ready SQLAlchemy engine.
 
+    ``ttl`` is the manager's default lease (a ZooKeeper session's timeout);
     ``counters`` receives the backend's events; ``timeout`` bounds, in seconds, how
-    long one operation keeps trying to reach the database.
+    long one operation keeps trying to reach the engine.
     """
+    kind = "sql" if url is None else engine_of(url)
+    if kind != "sql":
+        if engine is not None:
+            raise ValueError("give a database URL or an engine, not both")
+        assert url is not None
+        if kind == "redis":
+            from .redis import RedisBackend
+
+            return RedisBackend(url, table=table, counters=counters, timeout=timeout)
+        from .zookeeper import ZooKeeperBackend
+
+        return ZooKeeperBackend(url, table=table, ttl=ttl, counters=counters, timeout=timeout)
     from .sql import SQLBackend
 
     return SQLBackend(

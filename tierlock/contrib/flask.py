@@ -45,13 +45,14 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from .. import admin
-from ..backends.sql.table import check_table_name
+from ..backends.basics import check_table_name
 from ..base import DEFAULT_TABLE, DEFAULT_TTL
 from ..errors import BackendError, LockError
 from ..keys import KeyLike
 from ..lock import Lock, seconds
 from ..manager import LockManager
 from ..tiers import OnLost
+from ..urls import shown_url
 from .lazy import LazyLockManager, synchronized_by
 
 __all__ = ["AppLockManager", "TierLock"]
@@ -72,7 +73,7 @@ class AppLockManager(LazyLockManager):
         super().__init__()
         self._url = url
         self._options = {"table": table, "ttl": ttl, **options}
-        self._shown = make_url(url).render_as_string(hide_password=True)
+        self._shown = shown_url(url)
         self._table, self._ttl = table, ttl
 
     def _make(self) -> LockManager:

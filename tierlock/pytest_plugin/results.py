@@ -15,8 +15,11 @@ from typing import NamedTuple
 from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, Text, create_engine
 from sqlalchemy.dialects import mysql
 
+from ..backends import engine_of
 from ..backends.sql.columns import LockKeyType
+from ..errors import LockError
 from ..manager import LockManager
+from ..urls import hide_password
 
 __all__ = ["Outcome", "Results"]
 
@@ -34,6 +37,11 @@ class Results:
     """The outcome table on one database."""
 
     def __init__(self, url: str, table: str) -> None:
+        if engine_of(url) != "sql":
+            raise LockError(
+                f"tierlock_once keeps its results in a SQL table beside the locks, and "
+                f"{hide_password(url)} is not a SQL database: give one as --tierlock-url"
+            )
         self.engine = create_engine(url)
         self.table = Table(
             f"{table}_once",

@@ -17,6 +17,7 @@ from ...keys import MARK, is_reader_key, user_key
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
+from ..basics import MAX_HANDOFFS, check_table_name, fencing_token
 from .engine import (
     DEFAULT_TIMEOUT,
     PAUSED_FOR_FORKS,
@@ -37,11 +38,8 @@ from .shared import SharedQueries, SharedStatements
 from .sharing import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
 from .table import (
-    MAX_ROW_HANDOFFS,
     REAP_BATCH,
     Statements,
-    check_table_name,
-    fencing_token,
     lock_table,
 )
 from .takeover import Reserved, Takeover, take_reserved
@@ -56,7 +54,7 @@ logger = logging.getLogger(__name__)
 class SQLBackend(LockBackend):
     """Holds as rows of one table."""
 
-    MAX_HANDOFFS = MAX_ROW_HANDOFFS
+    MAX_HANDOFFS = MAX_HANDOFFS
 
     def __init__(
         self,

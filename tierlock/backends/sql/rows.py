@@ -8,7 +8,8 @@ from typing import Any
 
 from ...keys import user_key
 from ...records import LockInfo, Owner
-from .table import GROUP, PERMIT, SHARED, fencing_token
+from ..basics import fencing_token
+from .table import GROUP, PERMIT, SHARED
 
 # What LockInfo.mode says of a row's mode: a group row stands for shared holds.
 MODES = {None: "exclusive", GROUP: "shared", SHARED: "shared", PERMIT: "permit"}

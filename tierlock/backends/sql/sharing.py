@@ -50,12 +50,13 @@ from ...keys import MARK, permit_key, reader_key, user_key
 from ...records import Owner
 from ...stats import Counters
 from .. import Share, SharedHolds
+from ..basics import fencing_token
 from .engine import SQLITE_LEAST_SHARED_WAIT
 from .link import Link
 from .queries import Queries
 from .rows import insert_params
 from .shared import SharedQueries
-from .table import GROUP, PERMIT, SHARED, fencing_token
+from .table import GROUP, PERMIT, SHARED
 
 if TYPE_CHECKING:
     from .backend import SQLBackend

@@ -8,7 +8,6 @@ can neither shorten nor stretch a lease. Timestamps are stored in UTC.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from sqlalchemy import (
@@ -42,23 +41,11 @@ from sqlalchemy.sql.expression import (
 
 from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH, LockKeyType, Timestamp, utc_after, utc_now
 
-__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "check_table_name", "lock_table"]
-
-# Names derived from the table name (index, constraint, sequence) must stay under
-# PostgreSQL's 63-character identifier limit.
-MAX_TABLE_NAME_LENGTH = 40
-_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "lock_table"]
 
 # The reaper deletes at most this many rows per statement, so one pass never locks a
 # large part of the table at once.
 REAP_BATCH = 500
-
-
-# A fencing token is a row's number shifted left by HANDOFF_BITS plus how many times
-# the row was handed from one thread of its process to the next; handoffs per row stay
-# far below 2**HANDOFF_BITS, so tokens strictly increase across all holds of a key.
-HANDOFF_BITS = 16
-MAX_ROW_HANDOFFS = (1 << HANDOFF_BITS) - 1
 
 
 # What a row is, in its ``mode`` column: NULL for an exclusive hold; a group row holds
@@ -72,26 +59,11 @@ PERMIT = "permit"
 RESERVED = "reserved"
 
 
-def fencing_token(token: int, handoffs: int) -> int:
-    return (token << HANDOFF_BITS) | handoffs
-
-
-def check_table_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"table must be a str, not {type(name).__name__}")
-    if not _PLAIN_IDENTIFIER.match(name) or len(name) > MAX_TABLE_NAME_LENGTH:
-        raise ValueError(
-            f"table must be a plain identifier (letters, digits, underscores, not starting "
-            f"with a digit, at most {MAX_TABLE_NAME_LENGTH} characters), got {name!r}"
-        )
-    return name
-
-
 def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     """The lock table. ``token`` is an ever-increasing identity, the base of the
     fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
     PostgreSQL's sequence never hand out a value twice, across restarts too.
-    ``handoffs`` counts the in-process hand-offs of the row (see ``fencing_token``).
+    ``handoffs`` counts the in-process hand-offs of the row (see ``basics.fencing_token``).
 
     The columns after ``expires_at`` came with renewed leases and are nullable, so that
     a table of an earlier version gains them in place: ``lease`` is what the holder's

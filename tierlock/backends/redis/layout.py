@@ -1,0 +1,92 @@
+"""Where a namespace's holds live in Redis, and what a hold's value holds.
+
+A user's key ``K`` is stored under ``<table>:{K'}``, where ``K'`` is ``K`` with ``%``
+written ``%25`` and ``}`` written ``%7D``: distinct keys stay distinct, and the braces
+are a Redis Cluster hash tag that covers all of ``K'``, so that the hold's record, its
+token counter ``<table>:{K'}:token`` and its channel of wake-ups all fall in one slot
+(one Lua script may touch them together). Every key of a namespace begins with
+``<table>:``.
+
+A record's value is ``<owner id>\\n<number>\\n<Record JSON>``: the owner id first, so
+that a script compares owners with one substring, then the base of the fencing token,
+then ``basics.Record.dumps()``, whose list ends with the numbers ``acquired``, ``lease``
+(or ``null``) and ``handoffs``, so that a script can find and rewrite those by a
+pattern anchored at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+from ..basics import Record
+
+__all__ = [
+    "Names",
+    "Stored",
+    "milliseconds",
+    "names",
+    "record_halves",
+    "scan_pattern",
+    "user_key_of",
+]
+
+_ESCAPES = {"%": "%25", "}": "%7D"}
+_ESCAPED = re.compile(r"[%}]")
+_UNESCAPED = re.compile(r"%(25|7D)")
+_UNESCAPES = {"25": "%", "7D": "}"}
+# What ``record_halves`` puts where the server's clock reading goes: no other field
+# that follows it (a positive lease, a hand-off count) can read ",-1,".
+_ACQUIRED_SLOT = -1
+
+
+class Names(NamedTuple):
+    """The Redis names of one user key's hold."""
+
+    record: str
+    counter: str
+    channel: str
+
+
+def names(table: str, key: str) -> Names:
+    record = f"{table}:{{{_ESCAPED.sub(lambda found: _ESCAPES[found[0]], key)}}}"
+    # The channel shares the record's name: channels and keys never meet.
+    return Names(record, f"{record}:token", record)
+
+
+def scan_pattern(table: str) -> str:
+    """A SCAN pattern for the records of a namespace (counters end in ``:token``)."""
+    return f"{table}:{{*}}"
+
+
+def user_key_of(table: str, record: str) -> str:
+    """The user's key of a record's Redis key."""
+    escaped = record[len(table) + 2 : -1]
+    return _UNESCAPED.sub(lambda found: _UNESCAPES[found[1]], escaped)
+
+
+class Stored(NamedTuple):
+    """A record's value, split."""
+
+    owner_id: str
+    number: int
+    record: Record
+
+    @classmethod
+    def parse(cls, value: str) -> Stored:
+        owner_id, number, text = value.split("\n", 2)
+        return cls(owner_id, int(number), Record.loads(text))
+
+
+def record_halves(record: Record) -> tuple[str, str]:
+    """``record.dumps()`` cut where ``acquired`` goes, for a script to put the server's
+    clock reading (milliseconds) between the halves."""
+    text = record._replace(acquired=_ACQUIRED_SLOT).dumps()
+    head, _, tail = text.rpartition(f",{_ACQUIRED_SLOT},")
+    return head + ",", "," + tail
+
+
+def milliseconds(seconds: float) -> int:
+    """A lease in whole milliseconds, never shorter than asked (and at least one)."""
+    return max(1, math.ceil(seconds * 1000))

@@ -1,0 +1,287 @@
+"""The kazoo client of one backend: its session, the timeout the server granted, the
+connection's state, and the retries of every operation.
+
+The session is the lease of every renewed hold: its ephemeral nodes live as long as the
+server hears from the client within the session's timeout, which is the manager's
+``ttl`` as far as the server allows (ZooKeeper grants between 2 and 20 ticks by
+default). kazoo pings the server every third of it and reconnects by itself; when the
+connection drops, the session is SUSPENDED (the nodes live on, unless it stays away for
+the timeout) and may come back, or be LOST (the server expired it and deleted its
+nodes; kazoo then opens a new one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Connect
+from kazoo.protocol.states import KazooState
+
+from ...errors import BackendError, LockError
+from ...stats import Counters
+from ..gate import Gate
+from .address import Address
+
+__all__ = ["UNCERTAIN", "Calls", "Session"]
+
+logger = logging.getLogger(__name__)
+
+# kazoo logs every connection at INFO in every process; its warnings and errors pass.
+_kazoo_logger = logging.getLogger(f"{__name__}.kazoo")
+_kazoo_logger.setLevel(logging.WARNING)
+
+T = TypeVar("T")
+
+# Failures after which a request may or may not have taken effect: the connection
+# dropped, the session expired, or the answer did not come in time.
+UNCERTAIN = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+# kazoo reconnects after pauses from this long, doubling up to MAX_RECONNECT_PAUSE: a
+# restarted server is found again within about that long.
+RECONNECT_PAUSE = 0.05
+MAX_RECONNECT_PAUSE = 0.5
+# How a BackendError begins on every engine when the server is out of reach.
+CANNOT_REACH = "cannot reach the database: "
+# Between two tries of an operation after a failure: time for kazoo to notice that the
+# connection dropped and to begin reconnecting.
+RETRY_PAUSE = 0.01
+
+
+class Session:
+    """One kazoo client, made at first use (again in a forked child), and the state of
+    its session; ``run`` carries out an operation on it."""
+
+    def __init__(self, address: Address, ttl: float, timeout: float, counters: Counters) -> None:
+        self.address = address
+        self.requested = ttl  # the session timeout asked for, in seconds
+        self.timeout = timeout  # how long an operation keeps trying
+        self.counters = counters
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh, leaving the client alone: in a forked child, the parent's client
+        is the parent's (its threads are not even there)."""
+        self._mutex = threading.Lock()
+        self._client: Any = None
+        self._connected = threading.Event()
+        self.gate = Gate()  # operations under way, for close()
+        self.session_id: int | None = None  # of the session now, while connected
+        self.granted = self.requested  # the session timeout the server granted
+        # When (time.monotonic()) the latest request was sent that the server answered:
+        # its session lives at least the granted timeout from then.
+        self.contact = 0.0
+
+    # -- the client ---------------------------------------------------------------
+
+    def client(self, deadline: float) -> Any:
+        """The client, started now if there is none yet.
+
+        :raises BackendError: it did not connect by ``deadline`` (``time.monotonic()``).
+        """
+        client = self._client
+        if client is None:
+            with self._mutex:
+                if self._client is None:
+                    self._client = self._start(deadline)
+                client = self._client
+        return client
+
+    def live_client(self) -> Any:
+        """The client if it is connected, else ``None``: for what may as well not wait."""
+        client = self._client
+        return client if client is not None and client.connected else None
+
+    @property
+    def connected(self) -> bool:
+        client = self._client
+        return client is not None and bool(client.connected)
+
+    def may_have_expired(self) -> bool:
+        """Whether the session may be gone: lost, or out of touch for its timeout."""
+        return self.session_id is None or time.monotonic() - self.contact >= self.granted
+
+    def _start(self, deadline: float) -> Any:
+        address = self.address
+        client = KazooClient(
+            hosts=address.hosts,
+            timeout=self.requested,
+            auth_data=None if address.credentials is None else [("digest", address.credentials)],
+            connection_retry={
+                "max_tries": -1,
+                "delay": RECONNECT_PAUSE,
+                "max_delay": MAX_RECONNECT_PAUSE,
+            },
+            logger=_kazoo_logger,
+        )
+        self._note_grants(client)
+        client.add_listener(lambda state: self._changed(client, state))
+        try:
+            client.start(timeout=max(0.001, deadline - time.monotonic()))
+        except KazooTimeoutError as exc:  # (start() has stopped the client)
+            raise BackendError(
+                f"{CANNOT_REACH}ZooKeeper at {address.location} did not answer within "
+                f"{self.timeout:g} s"
+            ) from exc
+        return client
+
+    def _note_grants(self, client: Any) -> None:
+        """Learn the session timeout the server grants at each connect: kazoo uses it,
+        but does not tell."""
+        connection = client._connection
+        invoke = connection._invoke
+
+        def invoke_noting(timeout: float, request: Any, xid: int | None = None) -> Any:
+            result = invoke(timeout, request, xid)
+            if isinstance(request, Connect) and result[0].time_out > 0:
+                self._granted(result[0].time_out / 1000)
+            return result
+
+        connection._invoke = invoke_noting
+
+    def _granted(self, seconds: float) -> None:
+        if seconds != self.granted:
+            logger.warning(
+                "ZooKeeper at %s grants sessions of %g s, not the %g s asked for (the "
+                "manager's ttl): a holder that stops or loses the server keeps its locks "
+                "that long",
+                self.address.location,
+                seconds,
+                self.requested,
+            )
+        self.granted = seconds
+
+    def _changed(self, client: Any, state: str) -> None:
+        """kazoo's connection state listener; runs in its connection thread."""
+        if state == KazooState.CONNECTED:
+            self.session_id = client.client_id[0]
+            self._connected.set()
+            return
+        self._connected.clear()
+        if self.gate.shut:
+            return
+        if state == KazooState.SUSPENDED:
+            logger.warning(
+                "lost the connection to ZooKeeper at %s: the locks of session 0x%x stay held "
+                "until it comes back or the session expires (%g s)",
+                self.address.location,
+                self.session_id or 0,
+                self.granted,
+            )
+        else:
+            logger.warning(
+                "ZooKeeper session 0x%x expired: every lock this manager held in it is lost",
+                self.session_id or 0,
+            )
+            self.session_id = None
+
+    def close(self) -> None:
+        """Stop the client: the server deletes the session's ephemeral nodes at once."""
+        with self._mutex:
+            client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.stop()
+                client.close()
+            except KazooException as exc:
+                logger.debug("closing the ZooKeeper client failed: %s", exc)
+
+    # -- operations ---------------------------------------------------------------
+
+    def run(
+        self,
+        what: str,
+        key: str | None,
+        attempt: Callable[[Calls, bool], T],
+        *,
+        wait: bool = True,
+    ) -> T:
+        """``attempt(calls, uncertain)`` until it returns, tried again after a failure that
+        leaves a request's outcome open (``uncertain`` then) for up to ``timeout``
+        seconds; ``wait=False``: once, and only if the client is connected now.
+
+        :raises BackendError: the server could not be reached (the cause is chained).
+        :raises LockError: the backend is closed.
+        """
+        self.gate.enter()
+        try:
+            deadline = time.monotonic() + self.timeout
+            uncertain = False
+            last: BaseException | None = None
+            while True:
+                client = self.client(deadline)
+                if not self._wait_connected(client, deadline if wait else 0.0):
+                    raise self._unreachable(what, last or "no connection", key)
+                try:
+                    return attempt(Calls(self, client, deadline), uncertain)
+                except UNCERTAIN as exc:
+                    last, uncertain = exc, True
+                    if not wait or time.monotonic() >= deadline:
+                        raise self._unreachable(what, exc, key) from exc
+                except ConnectionClosedError as exc:
+                    raise LockError("this LockManager is closed", key) from exc
+                except KazooException as exc:
+                    raise BackendError(f"{what} failed: {exc!r}", key) from exc
+                time.sleep(RETRY_PAUSE)
+        finally:
+            self.gate.leave()
+
+    def _wait_connected(self, client: Any, deadline: float) -> bool:
+        # (kazoo's own flag falls as the connection drops; the listener hears of it after)
+        while not client.connected:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._connected.wait(min(left, RETRY_PAUSE * 10))
+        return True
+
+    def _unreachable(self, what: str, why: object, key: str | None) -> BackendError:
+        return BackendError(
+            f"{CANNOT_REACH}ZooKeeper at {self.address.location} did not answer ({what}) "
+            f"within {self.timeout:g} s: {why!r}",
+            key,
+        )
+
+
+class Calls:
+    """The requests of one try of an operation: each is counted as it is sent and
+    waited for no longer than the operation's deadline."""
+
+    def __init__(self, session: Session, client: Any, deadline: float) -> None:
+        self.client = client
+        self._session = session
+        self._deadline = deadline
+        self.began = time.monotonic()
+
+    def send(self, request: Any) -> Any:
+        """``request``, the ``IAsyncResult`` of a request just sent, counted."""
+        self._session.counters.add("statements")
+        return request
+
+    def wait(self, request: Any) -> Any:
+        """The result of ``request``; raises what the server answered, or an uncertain
+        failure (``KazooTimeoutError`` once the deadline has passed)."""
+        try:
+            result = request.get(timeout=max(0.001, self._deadline - time.monotonic()))
+        except UNCERTAIN:
+            raise
+        except KazooException:
+            self._heard()
+            raise
+        self._heard()
+        return result
+
+    def _heard(self) -> None:
+        session = self._session
+        session.contact = max(session.contact, self.began)
