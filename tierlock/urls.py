@@ -9,11 +9,13 @@ import re
 __all__ = ["hide_password", "shown_url"]
 
 _PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
 def hide_password(url: str) -> str:
-    """``url`` with the password replaced by ``***``, as SQLAlchemy shows it."""
-    return _PASSWORD.sub(r"\1***@", url)
+    """``url`` with the password replaced by ``***``, as SQLAlchemy shows it, in the
+    user part or (as redis-py takes it) the query."""
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***@", url))
 
 
 def shown_url(url: str) -> str:

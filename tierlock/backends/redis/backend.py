@@ -31,11 +31,12 @@ from redis.exceptions import RedisError, ResponseError
 from ... import process
 from ...records import LockInfo, Owner
 from ...stats import Counters
+from ...urls import hide_password
 from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
 from .layout import Names, Stored, milliseconds, names, record_halves, scan_pattern, user_key_of
 from .renewal import renew_holds
-from .running import CLUSTER_SCHEMES, Runner, location, open_client
+from .running import CLUSTER_SCHEMES, Runner, open_client
 from .scripts import ACQUIRE, EXTEND, FORCE_RELEASE, PASS, PEEK, RELEASE, Script, Scripts
 from .sweeping import Sweeper
 from .wakeups import WakeUps
@@ -63,7 +64,7 @@ class RedisBackend(LockBackend):
         self.table = check_table_name(table)
         self.counters = counters
         self.timeout = timeout
-        self.location = location(url)
+        self.location = hide_password(url)
         self._url = url
         self._cluster = url.partition("://")[0].lower() in CLUSTER_SCHEMES
         self._runner = Runner(url, timeout)

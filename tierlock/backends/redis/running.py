@@ -20,7 +20,6 @@ owner id it was for in doubt (``Runner.doubts``): its hold may exist unconfirmed
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -44,7 +43,7 @@ from ...errors import BackendError, LockError
 from ...urls import hide_password
 from ..gate import Gate
 
-__all__ = ["CLUSTER_SCHEMES", "Runner", "location", "open_client"]
+__all__ = ["CLUSTER_SCHEMES", "Runner", "open_client"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +68,6 @@ _PASSING = (
 # Failures that a retry would only repeat, although redis-py counts them as connection
 # errors.
 _LASTING = (AuthenticationError, AuthorizationError)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-
-
-def location(url: str) -> str:
-    """``url`` with any password shown as ``***``, in the user part or the query."""
-    return _QUERY_PASSWORD.sub(r"\1***", hide_password(url))
 
 
 def _password(url: str) -> str | None:
@@ -88,7 +81,7 @@ def open_client(url: str, timeout: float) -> Any:
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:
-        raise ValueError(f"not a Redis URL (schemes: {', '.join(SCHEMES)}): {location(url)}")
+        raise ValueError(f"not a Redis URL (schemes: {', '.join(SCHEMES)}): {hide_password(url)}")
     options: dict[str, Any] = {
         "decode_responses": True,
         "socket_timeout": timeout / 2,
