@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.lock
@@ -36,75 +37,67 @@ def counting_client(url: str) -> CountingRedis:
     return CountingRedis(connection_pool=redis.ConnectionPool.from_url(url))
 
 
-class RedisContender(Contender):
-    """redis-py's ``Lock``, blocking with its default sleep between tries; a try is
-    ``acquire(blocking=False)``, one ``SET NX``."""
+class _RedisClientContender(Contender):
+    """A lock object per key on a counting client of this contender's own; a try is
+    ``acquire(blocking=False)``."""
 
     def __init__(self, url: str, prefix: str) -> None:
         self.client = counting_client(url)
         self.prefix = prefix
-        self.locks: dict[int, redis.lock.Lock] = {}
+        self.locks: dict[int, Any] = {}
 
     def statements(self) -> int:
         return self.client.commands
 
-    def lock(self, index: int) -> redis.lock.Lock:
+    def make(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def lock(self, index: int) -> Any:
         lock = self.locks.get(index)
         if lock is None:
-            lock = self.locks[index] = self.client.lock(f"{self.prefix}{index}", timeout=TTL)
+            lock = self.locks[index] = self.make(f"{self.prefix}{index}")
+        return lock
+
+    def try_acquire(self, index: int) -> bool:
+        return bool(self.lock(index).acquire(blocking=False))
+
+    def release(self, index: int) -> None:
+        self.lock(index).release()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RedisContender(_RedisClientContender):
+    """redis-py's ``Lock``, blocking with its default sleep between tries; a try is one
+    ``SET NX``."""
+
+    def make(self, name: str) -> redis.lock.Lock:
+        lock: redis.lock.Lock = self.client.lock(name, timeout=TTL)
         return lock
 
     def acquire(self, index: int) -> None:
         if not self.lock(index).acquire(blocking_timeout=WAIT_LIMIT):
             raise TimeoutError(f"redis lock of key {index} not acquired within {WAIT_LIMIT} s")
 
-    def try_acquire(self, index: int) -> bool:
-        return bool(self.lock(index).acquire(blocking=False))
 
-    def release(self, index: int) -> None:
-        self.lock(index).release()
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class RedisLockContender(Contender):
+class RedisLockContender(_RedisClientContender):
     """python-redis-lock's ``Lock`` with ``expire=TTL``: an acquire asks whether this
     lock holds the key already (``GET``), then ``SET NX``, and while that fails waits
-    in ``BLPOP`` on the key's signal list, which a release pushes to; a try is
-    ``acquire(blocking=False)``."""
+    in ``BLPOP`` on the key's signal list, which a release pushes to."""
 
     def __init__(self, url: str, prefix: str) -> None:
         # Each failed try logs a warning, which unconfigured logging prints: the
         # benchmark would time the printing.
         logging.getLogger("redis_lock.acquire").setLevel(logging.ERROR)
-        self.client = counting_client(url)
-        self.prefix = prefix
-        self.locks: dict[int, redis_lock.Lock] = {}
+        super().__init__(url, prefix)
 
-    def statements(self) -> int:
-        return self.client.commands
-
-    def lock(self, index: int) -> redis_lock.Lock:
-        lock = self.locks.get(index)
-        if lock is None:
-            lock = self.locks[index] = redis_lock.Lock(
-                self.client, f"{self.prefix}{index}", expire=TTL
-            )
-        return lock
+    def make(self, name: str) -> redis_lock.Lock:
+        return redis_lock.Lock(self.client, name, expire=TTL)
 
     def acquire(self, index: int) -> None:
         if not self.lock(index).acquire(timeout=WAIT_LIMIT):
             raise TimeoutError(f"redis_lock of key {index} not acquired within {WAIT_LIMIT} s")
-
-    def try_acquire(self, index: int) -> bool:
-        return bool(self.lock(index).acquire(blocking=False))
-
-    def release(self, index: int) -> None:
-        self.lock(index).release()
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def redis_floor(url: str) -> Contender:
