@@ -30,7 +30,6 @@ from array import array
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
-from multiprocessing.synchronize import Barrier, Event
 from typing import Any, TypeVar
 
 from .asyncio_subjects import TASK_ROWS
@@ -43,6 +42,7 @@ from .workload import (
     Opened,
     ProcessWorker,
     Report,
+    Signals,
     Threaded,
     run_workers,
     section_report,
@@ -197,10 +197,9 @@ class Workers(ProcessWorker[S, M]):
         tally: Tally,
         threads: int,
         number: int,
-        start: Barrier,
-        stop: Event,
+        signals: Signals,
     ) -> None:
-        super().__init__(threads, number, start, stop, {**section_report(), "threads": 0})
+        super().__init__(threads, number, signals, {**section_report(), "threads": 0})
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
 
     def stopped(self) -> bool:
@@ -259,6 +258,8 @@ class TaskWorker(Workers[TaskSide, Loop]):
                 return mine
             mine.counted += 1
             mine.waits.append(waited)
+            if mine.counted == 1:
+                self.count_one()
 
 
 class ThreadWorker(Threaded, Workers[Subject, Contender]):
@@ -284,6 +285,8 @@ class ThreadWorker(Threaded, Workers[Subject, Contender]):
                 break
             mine.counted += 1
             mine.waits.append(waited)
+            if mine.counted == 1:
+                self.count_one()
         with self.gather:
             mine.add_to(self.report)
 
@@ -293,7 +296,7 @@ def run_async_cell(
 ) -> AsyncCell:
     """Run ``implementation`` under ``scenario`` for ``seconds`` and gather what happened."""
     tally = Tally(scenario.keys)
-    worker: Callable[[int, Barrier, Event], ProcessWorker[Any, Any]]
+    worker: Callable[[int, Signals], ProcessWorker[Any, Any]]
     if implementation.name in TASK_ROWS:
         worker = partial(TaskWorker, implementation, scenario, tally, 1)
         threads = 1

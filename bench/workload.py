@@ -1,9 +1,11 @@
 """One cell of the benchmark: an implementation under a scenario, timed for some seconds.
 
-Every worker is a forked process (it inherits the shared tally, barrier, event and
+Every worker is a forked process (it inherits the shared tally, barrier, events and
 queue) whose threads each open a contender, warm it up on a key of their own, and wait
 at one barrier with the parent. The parent then lets them run for the cell's seconds
 and sets the stop event; each process sends back per-thread counts and wait samples.
+On a machine so loaded that no thread has finished a section or try by then, the cell
+runs on until one has: a cell that counted nothing would measure nothing.
 
 In most scenarios a thread waits for its key and runs a section, again and again. In a
 scenario with ``blocking=False`` it first spends ``io`` seconds asleep (a network call,
@@ -99,6 +101,15 @@ class Cell:
 Report = dict[str, Any]  # what a worker process sends back
 
 
+@dataclass(frozen=True)
+class Signals:
+    """What the parent and its workers share to run a cell."""
+
+    start: Barrier  # every thread warmed up, and the parent: the clock starts
+    stop: Event  # set by the parent at the end, or by a worker that failed
+    counted: Event  # set by the first thread to count a section or try
+
+
 class Opened(Protocol):
     """What a worker process opens once: its side of an implementation."""
 
@@ -126,10 +137,10 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
     the threads add to, the statements the side sent while they ran, and errors.
     """
 
-    def __init__(
-        self, threads: int, number: int, start: Barrier, stop: Event, report: Report
-    ) -> None:
-        self.threads, self.number, self.start, self.stop = threads, number, start, stop
+    def __init__(self, threads: int, number: int, signals: Signals, report: Report) -> None:
+        self.threads, self.number = threads, number
+        self.start, self.stop, self.counted = signals.start, signals.stop, signals.counted
+        self.told = False  # whether this process has set ``counted``
         self.ready = threading.Barrier(threads + 1, action=self.note_baseline)  # warmed up
         self.sent: Callable[[], int] = lambda: 0  # the side's statements, once opened
         self.baseline = 0  # what the side had sent as all its threads were warmed up
@@ -152,6 +163,12 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
     def run(self, member: M, me: int) -> None:
         """Sections until the stop, added to the report."""
 
+    def count_one(self) -> None:
+        """Tell the parent a section or try was counted, once per process."""
+        if not self.told:
+            self.told = True  # another thread may also set it: harmless
+            self.counted.set()
+
     def note_baseline(self) -> None:
         """Run by ``ready`` as its last party arrives, before it lets any go: once the
         main thread is let go, the others may be past the start already."""
@@ -162,6 +179,7 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
         self.ready.abort()
         self.start.abort()  # the others give up at once instead of waiting for this one
         self.stop.set()
+        self.counted.set()
 
     def __call__(self, results: Queue[Report]) -> None:
         try:
@@ -241,10 +259,9 @@ class Worker(Threaded, ProcessWorker[Subject, Contender]):
         scenario: Scenario,
         tally: Tally,
         number: int,
-        start: Barrier,
-        stop: Event,
+        signals: Signals,
     ) -> None:
-        super().__init__(scenario.threads, number, start, stop, section_report())
+        super().__init__(scenario.threads, number, signals, section_report())
         self.implementation, self.scenario, self.tally = implementation, scenario, tally
 
     def run(self, contender: Contender, me: int) -> None:
@@ -278,6 +295,8 @@ class Worker(Threaded, ProcessWorker[Subject, Contender]):
             tries += 1
             counted += won
             waits.append(waited)
+            if tries == 1:
+                self.count_one()
         with self.gather:
             self.report["sections"].append(counted)
             self.report["waits"].extend(waits)
@@ -301,19 +320,19 @@ def run_workers(
     processes: int,
     threads: int,
     seconds: float,
-    worker: Callable[[int, Barrier, Event], ProcessWorker[Any, Any]],
+    worker: Callable[[int, Signals], ProcessWorker[Any, Any]],
 ) -> tuple[float, list[Report]]:
     """Run ``processes`` workers of ``threads`` threads each, made by ``worker(number,
-    start, stop)``, for ``seconds`` once all are ready: the seconds they ran, and their
-    reports.
+    signals)``, for ``seconds`` once all are ready, and on until one has counted a
+    section or try: the seconds they ran, and their reports.
 
     :raises CellError: if a worker failed, sent nothing or hung.
     """
-    start = CTX.Barrier(processes * threads + 1)
-    stop = CTX.Event()
+    signals = Signals(CTX.Barrier(processes * threads + 1), CTX.Event(), CTX.Event())
+    start, stop = signals.start, signals.stop
     results: Queue[Report] = CTX.Queue()
     workers = [
-        CTX.Process(target=worker(number, start, stop), args=(results,), daemon=True)
+        CTX.Process(target=worker(number, signals), args=(results,), daemon=True)
         for number in range(processes)
     ]
     elapsed = 0.0
@@ -329,6 +348,8 @@ def run_workers(
         else:
             began = time.perf_counter()
             stop.wait(seconds)  # returns early if a worker fails
+            if not stop.is_set():
+                signals.counted.wait(SETUP_LIMIT)  # (a failing worker sets it too)
             elapsed = time.perf_counter() - began
         stop.set()
         for _ in workers:

@@ -72,9 +72,15 @@ def test_hot_key_mutual_exclusion(
 def test_hot_key_serves_every_thread_fairly(
     db_url: str, table: str, key: str, children: procs.Children
 ) -> None:
-    """Four processes of four threads on one key, for a few seconds: the least served
-    thread completes at least half as many sections as the most served one, although
-    each process passes the key between its own threads without the database."""
+    """Four processes of four threads on one key, for a few seconds: although each
+    process passes the key between its own threads without the database, none keeps it
+    from the others, and the least served thread completes at least a quarter as many
+    sections as the most served one.
+
+    A process that kept the key leaves the others one section each against thousands;
+    on an idle machine the ratio is 0.85-0.99. The bound leaves room for a scheduler
+    that, on a loaded machine, runs one process far less than another (0.4 seen in CI);
+    the benchmark measures fairness itself, beside the peers."""
     served = procs.CTX.RawArray(ctypes.c_longlong, PROCESSES * THREADS)
     start, stop = procs.CTX.Barrier(PROCESSES * THREADS + 1), procs.CTX.Event()
     for number in range(PROCESSES):
@@ -94,7 +100,7 @@ def test_hot_key_serves_every_thread_fairly(
     stop.set()
     children.join()
     counts = list(served)
-    assert min(counts) * 2 >= max(counts), f"sections per thread: {counts}"
+    assert min(counts) * 4 >= max(counts), f"sections per thread: {counts}"
 
 
 @pytest.mark.slow

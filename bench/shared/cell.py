@@ -9,10 +9,9 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing.synchronize import Barrier, Event
 
 from ..tally import CTX
-from ..workload import ProcessWorker, run_workers
+from ..workload import ProcessWorker, Signals, run_workers
 from .holders import Entry, Holder, Side
 from .scenarios import PERMITS, WRITE_SHARE, Scenario
 
@@ -95,8 +94,7 @@ class Worker(ProcessWorker[Side, Holder]):
         section: float,
         check: Check,
         number: int,
-        start: Barrier,
-        stop: Event,
+        signals: Signals,
     ) -> None:
         report = {
             "ops": [],
@@ -109,7 +107,7 @@ class Worker(ProcessWorker[Side, Holder]):
             "violations": 0,
             "peak": 0,
         }
-        super().__init__(scenario.threads, number, start, stop, report)
+        super().__init__(scenario.threads, number, signals, report)
         self.entry, self.scenario, self.section, self.check = entry, scenario, section, check
 
     def open(self) -> Side:
@@ -152,6 +150,8 @@ class Worker(ProcessWorker[Side, Holder]):
                 break
             counted[write] += 1
             waits[write].append(waited)
+            if ran == 1:
+                self.count_one()
         with self.gather:
             report = self.report
             report["ops"].append(counted[False] + counted[True])
