@@ -38,6 +38,7 @@ COLOURS = {
     "redis": "tab:red",
     "python-redis-lock": "tab:brown",
     "kazoo": "tab:olive",
+    "filelock": "tab:cyan",
     "floor": "tab:gray",
     "tierlock-aio": "tab:purple",
     "redis-aio": "tab:pink",

@@ -32,6 +32,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 LOCK_SERVERS: dict[str, str | None] = {
     "redis": REDIS_URL,
     "zookeeper": "zookeeper://127.0.0.1:2181/tierlock",
+    "file": None,  # a directory in a temporary directory
 }
 ENGINES = {**DATABASES, **LOCK_SERVERS}
 
@@ -89,12 +90,13 @@ def parse_cell_args(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> argparse.Namespace:
     """Adds ``--table``, parses ``argv``, and sets ``args.urls``: each engine's URL,
-    ``--dburi``'s or the default (None: SQLite's file in a scratch directory)."""
+    ``--dburi``'s or the default (None: SQLite's file or the lock directory in a scratch
+    directory, see :func:`scratch_url`)."""
     parser.add_argument(
         "--table",
         default=f"bench_{uuid.uuid4().hex[:12]}",
-        help="lock table (Redis: key prefix; ZooKeeper: node), created and dropped on each "
-        "engine (default: a random name)",
+        help="lock table (Redis: key prefix; ZooKeeper: node; file: directory), created "
+        "and dropped on each engine (default: a random name)",
     )
     args = parser.parse_args(argv)
     urls = dict(args.known)
@@ -108,7 +110,8 @@ def parse_cell_args(
 
 
 def unreachable(url: str) -> str | None:
-    """Why the database, Redis or ZooKeeper server at ``url`` cannot be used, or None."""
+    """Why the database, Redis or ZooKeeper server or lock directory at ``url`` cannot be
+    used, or None."""
     if not engines.is_sql(url):
         return engines.unreachable(url)
     try:
@@ -124,8 +127,8 @@ def unreachable(url: str) -> str | None:
 
 
 def rows_in(url: str, table: str) -> int:
-    """How many rows ``table`` holds (Redis, ZooKeeper: holds it lists); deletes them,
-    so the next cell starts clean."""
+    """How many rows ``table`` holds (Redis, ZooKeeper, lock directory: holds it lists);
+    deletes them, so the next cell starts clean."""
     if not engines.is_sql(url):
         return engines.holds_left(url, table)
     engine = create_engine(url, poolclass=NullPool)
@@ -140,7 +143,8 @@ def rows_in(url: str, table: str) -> int:
 
 
 def drop(url: str, table: str) -> None:
-    """Drop ``table``; on Redis and ZooKeeper, remove its namespace and its peers'."""
+    """Drop ``table``; on Redis, ZooKeeper and a lock directory, remove its namespace
+    and its peers'."""
     if not engines.is_sql(url):
         engines.drop_namespace(url, table)
         return
@@ -182,13 +186,13 @@ def servers(
 ) -> tuple[dict[str, str], str | None, list[str]]:
     """The URLs of the engines (by name, those ``args.urls`` knows) and of the Redis
     server that ``redis_wanted`` asks for, that can be used, and a note for each that
-    cannot. SQLite's default: a file in ``scratch``."""
+    cannot. SQLite's and the lock directory's default: in ``scratch``."""
     urls: dict[str, str] = {}
     skipped: list[str] = []
     for name in args.urls:
         if args.db and name not in args.db:
             continue
-        url = args.urls[name] or f"sqlite:///{scratch / 'bench.db'}"
+        url = args.urls[name] or scratch_url(name, scratch)
         reason = unreachable(url)
         if reason is None:
             urls[name] = url
@@ -202,6 +206,11 @@ def servers(
         else:
             skipped.append(f"redis: {reason}")
     return urls, redis_url, skipped
+
+
+def scratch_url(name: str, scratch: Path) -> str:
+    """The URL of engine ``name`` (SQLite or a lock directory) kept in ``scratch``."""
+    return f"file://{scratch / 'locks'}" if name == "file" else f"sqlite:///{scratch / 'bench.db'}"
 
 
 @contextlib.contextmanager

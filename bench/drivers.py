@@ -1,10 +1,12 @@
 """Bare driver connections for the peers and floors that bypass SQLAlchemy, and a count
 of the statements (Redis: commands; ZooKeeper: requests) every driver of this process
-sends."""
+sends, or of its file-system calls, which are a lock directory's statements."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -41,9 +43,19 @@ def postgresql_connection(url: URL) -> Any:
     )
 
 
+# The functions of ``os`` that reach the file system, as the file engine, filelock and
+# the floor on a lock directory call them (``os.path`` and ``pathlib`` through them too).
+FILE_CALLS = (
+    *("open", "close", "stat", "lstat", "fstat", "read", "write", "pread", "pwrite"),
+    *("ftruncate", "utime", "unlink", "rename", "replace", "link", "mkdir", "rmdir"),
+    *("scandir", "fchmod", "lseek"),
+)
+
+
 class _Executed:
     """Statements executed on DBAPI cursors of this process, and commands and requests
-    sent by its Redis and ZooKeeper clients, since ``count_statements()``."""
+    sent by its Redis and ZooKeeper clients, since ``count_statements()``; or its
+    file-system calls since ``count_file_calls()``."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
@@ -57,11 +69,13 @@ class _Executed:
         return self._count
 
 
-def _counting(execute: Callable[..., Any], executed: _Executed) -> Callable[..., Any]:
-    @functools.wraps(execute)
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _counting(call: Callable[..., Any], executed: _Executed) -> Callable[..., Any]:
+    """``call`` (a function, or a method once set on its class), counted at each call."""
+
+    @functools.wraps(call)
+    def counted(*args: Any, **kwargs: Any) -> Any:
         executed.tick()
-        return execute(self, *args, **kwargs)
+        return call(*args, **kwargs)
 
     return counted
 
@@ -112,4 +126,21 @@ def count_statements() -> Callable[[], int]:
         return connect(*args, **kwargs)
 
     sqlite3.connect = sqlite3.dbapi2.connect = counting_connect
+    return executed
+
+
+@functools.cache
+def count_file_calls() -> Callable[[], int]:
+    """From now on, count each call of the ``os`` functions of ``FILE_CALLS`` and of
+    ``fcntl.flock`` in this process, from any thread and whoever makes it; return a
+    function that reads the count. They stay patched: a later call returns the same
+    count rather than counting each call twice.
+
+    Each is one system call (``scandir``: a listing), issued by Python code; what C
+    code does on its own (``open()``'s file objects, SQLite) is not counted.
+    """
+    executed = _Executed()
+    for name in FILE_CALLS:
+        setattr(os, name, _counting(getattr(os, name), executed))
+    fcntl.flock = _counting(fcntl.flock, executed)
     return executed

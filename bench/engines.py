@@ -1,11 +1,14 @@
-"""The engines that are not SQL databases, Redis and ZooKeeper, as the benchmark meets
-them: a client of each, whether the server answers, the holds a cell left, and the
-removal of a run's namespace: tierlock's (``<table>:`` keys, the ``/<table>`` node) and
-the peers' beside it (see :func:`peer_namespace`)."""
+"""The engines that are not SQL databases, Redis, ZooKeeper and a lock directory, as the
+benchmark meets them: a client of each, whether the server answers (the directory can
+be written), the holds a cell left, and the removal of a run's namespace: tierlock's
+(``<table>:`` keys, the ``/<table>`` node, the ``<table>`` directory) and the peers'
+beside it (see :func:`peer_namespace`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import threading
 from typing import Any
 
@@ -15,6 +18,7 @@ from kazoo.exceptions import NoNodeError
 
 import tierlock
 from tierlock.backends import engine_of
+from tierlock.backends.files.names import parse_url as parse_file_url
 from tierlock.backends.zookeeper.address import parse_url
 from tierlock.urls import hide_password
 
@@ -28,10 +32,15 @@ def is_sql(url: str) -> bool:
 
 def peer_namespace(table: str) -> str:
     """Where the peers of a run keep their keys (Redis: this prefix and a colon, and
-    python-redis-lock's ``lock:`` and ``lock-signal:`` before it) or nodes (ZooKeeper:
-    this node under the chroot): apart from tierlock's, whose listing they would
-    otherwise join."""
+    python-redis-lock's ``lock:`` and ``lock-signal:`` before it), nodes (ZooKeeper:
+    this node under the chroot) or files (a directory of this name beside tierlock's):
+    apart from tierlock's, whose listing they would otherwise join."""
     return f"{table}_peers"
+
+
+def lock_directory(url: str, name: str) -> str:
+    """The directory ``name`` in the lock directory of a ``file://`` URL."""
+    return os.path.join(parse_file_url(url), name)
 
 
 def zookeeper_parts(url: str) -> tuple[str, str]:
@@ -69,9 +78,15 @@ def stop(client: KazooClient) -> None:
 
 
 def unreachable(url: str) -> str | None:
-    """Why the Redis or ZooKeeper server of ``url`` cannot be used, or None."""
+    """Why the Redis or ZooKeeper server of ``url``, or its lock directory, cannot be
+    used, or None. A lock directory is made if missing, as tierlock would make it."""
     try:
-        if engine_of(url) == "redis":
+        if engine_of(url) == "file":
+            directory = parse_file_url(url)
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError(f"{directory} cannot be written")
+        elif engine_of(url) == "redis":
             with redis.Redis.from_url(url, socket_connect_timeout=CONNECT_LIMIT) as client:
                 client.ping()
         else:
@@ -107,8 +122,13 @@ def holds_left(url: str, table: str) -> int:
 
 
 def drop_namespace(url: str, table: str) -> None:
-    """Remove tierlock's namespace ``table`` and its peers' from the server of ``url``."""
+    """Remove tierlock's namespace ``table`` and its peers' from the engine of ``url``."""
     peers = peer_namespace(table)
+    if engine_of(url) == "file":
+        for name in (table, peers):
+            with contextlib.suppress(FileNotFoundError):  # (nothing was made)
+                shutil.rmtree(lock_directory(url, name))
+        return
     if engine_of(url) == "redis":
         with redis.Redis.from_url(url) as client:
             for pattern in (

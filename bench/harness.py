@@ -1,5 +1,6 @@
 """``python -m bench``: tierlock next to its peers and floors, under the same workloads,
-on each engine: SQLite, MariaDB, PostgreSQL, Redis and ZooKeeper.
+on each engine: SQLite, MariaDB, PostgreSQL, Redis, ZooKeeper and a lock directory
+(``file``, next to filelock's ``FileLock``).
 
 Every implementation runs every scenario for ``--seconds``, ``--repeats`` times, the
 repeats interleaved so that noise spreads over all; the report gives the median of
@@ -15,6 +16,7 @@ The exit status is 1 if a cell failed or a lock let two sections of a key overla
     python -m bench --db mariadb --scenario hot-4x4 --impl tierlock --impl get-lock
     python -m bench --db postgresql --scenario flash-sale --scenario renewal
     python -m bench --db redis --db zookeeper --scenario hot-4x4
+    python -m bench --db file --output bench/results/files/results.md
 
 The ``renewal`` scenario measures tierlock alone: one process holding many locks, with
 and without renewed leases (see :mod:`bench.renewal`). The asyncio scenarios,
@@ -33,6 +35,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import filelock
 import kazoo.version
 import redis
 import redis_lock
@@ -66,7 +69,7 @@ from .workload import SCENARIOS, SECTION, Cell, CellError, Scenario, run_cell
 
 IMPLEMENTATIONS = (
     *("tierlock", "table-only", "get-lock", "advisory", "redis", "python-redis-lock", "kazoo"),
-    "floor",
+    *("filelock", "floor"),
     *("tierlock-aio", "redis-aio"),  # the asyncio scenarios'
 )
 ACQUIRE_RELEASE = "acquire-release"
@@ -79,8 +82,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cell_parser(
         "python -m bench",
         "tierlock next to the lock table alone, the servers' own locks, redis-py's Lock, "
-        "python-redis-lock, kazoo's Lock and two bare round trips, under the same "
-        "workloads; tierlock.aio next to threads and redis-py's asyncio Lock.",
+        "python-redis-lock, kazoo's Lock, filelock's FileLock and two bare round trips "
+        "(file-system calls), under the same workloads; tierlock.aio next to threads and "
+        "redis-py's asyncio Lock.",
         IMPLEMENTATIONS,
         ALL,
         ENGINES,
@@ -113,7 +117,8 @@ def header(args: argparse.Namespace, skipped: list[str], started: Started) -> li
     details = [
         f"- software: tierlock {tierlock.__version__}, SQLAlchemy {sqlalchemy.__version__}, "
         f"redis-py {redis.__version__}, python-redis-lock {redis_lock.__version__}, "
-        f"kazoo {kazoo.version.__version__}, Python {platform.python_version()}",
+        f"kazoo {kazoo.version.__version__}, filelock {filelock.__version__}, "
+        f"Python {platform.python_version()}",
         f"- settings: {args.seconds:g} s per cell, median of {args.repeats} interleaved "
         f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
         "time.perf_counter() unless the scenario says otherwise; tierlock and table-only "
@@ -122,10 +127,15 @@ def header(args: argparse.Namespace, skipped: list[str], started: Started) -> li
         "asyncio Lock) blocks with its default 0.1 s sleep, python-redis-lock in BLPOP "
         "on its signal list, each thread with a client of its own; kazoo Lock watches "
         "the node before its own, one KazooClient (one session) per process shared by "
-        "its threads, a Lock per thread and key; tierlock: one manager per process; "
+        "its threads, a Lock per thread and key; filelock FileLock polls "
+        "flock(LOCK_EX | LOCK_NB) every 0.05 s (its default poll_interval), a FileLock per "
+        "thread and key with its defaults; tierlock: one manager per process; "
         "floors: 2x SELECT 1, 2x PING (a client per thread), 2x exists (on the process's "
-        "KazooClient); tries without waiting: acquire(blocking=False), GET_LOCK(k, 0), "
-        "pg_try_advisory_lock",
+        "KazooClient), 2x stat (of a file in the lock directory); on a lock directory "
+        "the statements of every row of the thread scenarios are the file-system calls "
+        "(os functions and fcntl.flock) its processes make, counted as Python makes them, "
+        "tierlock's too (asyncio scenarios: tierlock's own count of them); tries without "
+        "waiting: acquire(blocking=False), GET_LOCK(k, 0), pg_try_advisory_lock",
         f"- legend: {LEGEND}",
     ]
     return started.header("tierlock benchmark", details, skipped, load_at_end=False)

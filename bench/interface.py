@@ -102,7 +102,7 @@ class Implementation:
     """A lock implementation on one server, as a row of the report."""
 
     # For --impl: tierlock, table-only, get-lock, advisory, redis, python-redis-lock, kazoo,
-    # floor; in the asyncio scenarios, tierlock-aio and redis-aio beside tierlock.
+    # filelock, floor; in the asyncio scenarios, tierlock-aio and redis-aio beside tierlock.
     name: str
     label: str  # the row's label
     database: str | None  # the engine; None: needs none, shown in every engine's table

@@ -79,8 +79,9 @@ class AdvisoryContender(Contender):
 
 
 class FloorContender(Contender):
-    """Two round trips (``SELECT 1``, or a Redis or ZooKeeper equivalent) per section and
-    no exclusion: the least any lock on this server can cost. Every try wins."""
+    """Two round trips (``SELECT 1``, or a Redis or ZooKeeper equivalent; on a lock
+    directory, two file-system calls) per section and no exclusion: the least any lock
+    on this engine can cost. Every try wins."""
 
     def __init__(self, query: Callable[[], object], close: Callable[[], None]) -> None:
         self._query, self._close = query, close

@@ -6,7 +6,8 @@ heartbeat renews them all at least every ``ttl / 3`` seconds, one UPDATE for eac
 512 holds; with ``renew=False`` the leases are fixed, long enough to outlast the hold,
 and nothing should be sent. What is sent meanwhile is counted where it reaches the
 driver (each ``execute`` on a DBAPI cursor of the process, see
-:func:`bench.drivers.count_statements`), beside the manager's own ``stats()``.
+:func:`bench.drivers.count_statements`; on a lock directory each file-system call, see
+:func:`bench.drivers.count_file_calls`), beside the manager's own ``stats()``.
 
 With renewal, the window is whole beats: it opens as one heartbeat ends and closes as
 the first one to end at least the cell's seconds later does, so no beat is cut in two.
@@ -27,8 +28,9 @@ from multiprocessing.queues import Queue
 from typing import Any
 
 import tierlock
+from tierlock.backends import engine_of
 
-from .drivers import count_statements
+from .drivers import count_file_calls, count_statements
 from .interface import TTL, WAIT_LIMIT
 from .report import DATABASE_TITLES, number
 from .tally import CTX
@@ -100,7 +102,7 @@ def hold(
 ) -> dict[str, Any]:
     """Take ``holds`` locks, keep them ``seconds`` (in whole beats with ``renew``), let
     them go; what was sent meanwhile. Run in a process of its own."""
-    executed = count_statements()
+    executed = count_file_calls() if engine_of(url) == "file" else count_statements()
     lease = ttl if renew else TTL + seconds + ttl  # fixed: outlasts the hold
     manager = tierlock.LockManager(
         url, table=table, ttl=lease, renew=renew, create_table=False, reaper_interval=None
@@ -199,7 +201,8 @@ def renewal_section(
         f"renew=True: ttl={ttl:g} s, so a heartbeat at least every {ttl / 3:g} s, on SQL "
         "one statement per 512 holds; the window is whole beats. renew=False: fixed leases "
         "that outlast the hold. Statements: every execute on a DBAPI cursor of the "
-        "process (Redis: every command; ZooKeeper: every request) during the window; "
+        "process (Redis: every command; ZooKeeper: every request; lock directory: every "
+        "file-system call) during the window; "
         "per 1000 holds: that rate scaled linearly (the SQL heartbeat sends one statement "
         "per started 512); statements/beat: statements per "
         "renewal of every hold; stats: the manager's own counters over the same window. "

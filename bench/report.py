@@ -17,6 +17,7 @@ DATABASE_TITLES = {
     "postgresql": "PostgreSQL",
     "redis": "Redis",
     "zookeeper": "ZooKeeper",
+    "file": "Lock directory",
 }
 
 # The figures of a row, each with its column header; all are also shown as a ratio to
@@ -46,7 +47,8 @@ LEGEND = (
     "sections/s: critical sections completed per second, all threads; p50/p99 wait: time "
     "to acquire; fewest/most per thread: sections of the least and the most served thread; "
     "fairness: fewest over most (1: even); statements/section: SQL statements "
-    "(Redis: commands; ZooKeeper: requests) sent per section, counted at the client; "
+    "(Redis: commands; ZooKeeper: requests; lock directory: file-system calls) sent per "
+    "section, counted at the client; "
     "violations: lost updates and overlapping sections the shared counters caught, summed "
     "over repeats; each figure is the median over repeats and (0.83x) its ratio to tierlock's "
     "on the same engine."
@@ -55,8 +57,8 @@ TRY_LEGEND = (
     "wins/s and tries/s: tries that took the key, and all tries, per second, all threads; "
     "p50/p99 try: the time one try took, won or lost; fewest/most wins per thread: of "
     "the least and the most served thread; fairness: fewest over most; statements/try: "
-    "SQL statements (Redis: commands; ZooKeeper: requests) per try, the release of a win "
-    "included."
+    "SQL statements (Redis: commands; ZooKeeper: requests; lock directory: file-system "
+    "calls) per try, the release of a win included."
 )
 
 

@@ -1,25 +1,32 @@
 """The lock implementations the harness drives through the same workload, on every
 engine given: tierlock everywhere; on the SQL databases its lock table alone and the
-peers of :mod:`bench.peers`; on Redis and ZooKeeper the peers of
-:mod:`bench.engine_peers`. A floor of two bare round trips runs on every server."""
+peers of :mod:`bench.peers`; on Redis, ZooKeeper and a lock directory the peers of
+:mod:`bench.engine_peers`. A floor of two bare round trips (on a lock directory, two
+file-system calls) runs on every engine but SQLite."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from functools import partial
 
 import tierlock
 
 from .engine_peers import (
+    FILE_FLOOR_LABEL,
     REDIS_FLOOR_LABEL,
     ZOOKEEPER_FLOOR_LABEL,
+    FileCallsSubject,
+    FileLockContender,
     KazooContender,
     KazooSubject,
     RedisContender,
     RedisLockContender,
+    file_floor,
     redis_floor,
     zookeeper_floor,
 )
-from .engines import peer_namespace
+from .engines import lock_directory, peer_namespace
 from .interface import TTL, WAIT_LIMIT, Contender, Implementation, Subject
 from .peers import (
     FLOOR_LABEL,
@@ -122,18 +129,24 @@ def implementations(urls: dict[str, str], table: str, run: str) -> list[Implemen
     """Every implementation on the given engines (name to URL).
 
     ``run`` makes lock names that no other run shares; ``table`` is the lock table (on
-    Redis, the key prefix; on ZooKeeper, the node), beside which the peers there keep
-    theirs (see :func:`bench.engines.peer_namespace`).
+    Redis, the key prefix; on ZooKeeper, the node; on a lock directory, the directory in
+    it), beside which the peers there keep theirs (see
+    :func:`bench.engines.peer_namespace`). On a lock directory every implementation,
+    tierlock included, is counted in file-system calls (see
+    :class:`bench.engine_peers.FileCallsSubject`).
     """
     found: list[Implementation] = []
     for database, url in urls.items():
-        found.append(
-            Implementation("tierlock", "tierlock", database, partial(TierlockSubject, url, table))
-        )
+        subject: Callable[[], Subject] = partial(TierlockSubject, url, table)
+        if database == "file":
+            subject = partial(FileCallsSubject, subject)
+        found.append(Implementation("tierlock", "tierlock", database, subject))
         if database == "redis":
             found += redis_peers(url, peer_namespace(table))
         elif database == "zookeeper":
             found += zookeeper_peers(url, peer_namespace(table))
+        elif database == "file":
+            found += file_peers(lock_directory(url, peer_namespace(table)))
         else:
             found += sql_peers(database, url, table, run)
     return found
@@ -218,6 +231,30 @@ def zookeeper_peers(url: str, peers: str) -> list[Implementation]:
             ZOOKEEPER_FLOOR_LABEL,
             "zookeeper",
             partial(KazooSubject, url, f"/{peers}", zookeeper_floor),
+            excludes=False,
+        ),
+    ]
+
+
+def file_peers(peers: str) -> list[Implementation]:
+    """filelock's ``FileLock`` and the floor of two ``stat``, in the directory ``peers``."""
+    return [
+        Implementation(
+            "filelock",
+            "filelock FileLock",
+            "file",
+            partial(
+                FileCallsSubject,
+                partial(
+                    ConnectionSubject, partial(FileLockContender, os.path.join(peers, "filelock"))
+                ),
+            ),
+        ),
+        Implementation(
+            "floor",
+            FILE_FLOOR_LABEL,
+            "file",
+            partial(FileCallsSubject, partial(ConnectionSubject, partial(file_floor, peers))),
             excludes=False,
         ),
     ]

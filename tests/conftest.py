@@ -120,6 +120,8 @@ def db(request: pytest.FixtureRequest) -> str:
 def db_url(db: str, tmp_path: Path) -> str:
     url = ENGINES[db]
     if url is None:
+        if db == "file":
+            return f"file://{tmp_path / 'locks'}"
         return f"sqlite:///{tmp_path / 'locks.db'}"
     require_server(url)
     return url

@@ -1,10 +1,12 @@
 """The engines the contract suite runs on, how to tell one is reachable, and how to
-remove a test's namespace (a table, a Redis key prefix, a ZooKeeper node) afterwards."""
+remove a test's namespace (a table, a Redis key prefix, a ZooKeeper node, a directory)
+afterwards."""
 
 from __future__ import annotations
 
 import functools
 import os
+import shutil
 
 import pytest
 from sqlalchemy import create_engine, inspect, text
@@ -18,6 +20,7 @@ ENGINES = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
     "redis": "redis://127.0.0.1:6379/0",
     "zookeeper": "zookeeper://127.0.0.1:2181/tierlock",
+    "file": None,  # a fresh directory per test, under tmp_path
 }
 SQL = ("sqlite", "mariadb", "postgresql")
 
@@ -28,6 +31,12 @@ def _zookeeper(url: str) -> tuple[str, str]:
 
     address = parse_url(url)
     return address.hosts, address.chroot
+
+
+def _directory(url: str, name: str) -> str:
+    from tierlock.backends.files.names import parse_url
+
+    return os.path.join(parse_url(url), name)
 
 
 @functools.cache
@@ -70,7 +79,9 @@ def require_server(url: str) -> None:
 def drop_namespace(url: str, table: str) -> None:
     """Remove what tests left of ``table`` on ``url``'s engine."""
     kind = engine_of(url)
-    if kind == "redis":
+    if kind == "file":
+        shutil.rmtree(_directory(url, table), ignore_errors=True)
+    elif kind == "redis":
         import redis
 
         with redis.Redis.from_url(url) as client:
@@ -102,8 +113,10 @@ def drop_namespace(url: str, table: str) -> None:
 
 def left_over(url: str, name: str) -> bool:
     """Whether anything named ``name`` is left on ``url``'s engine: a table, Redis keys
-    under ``name:``, a ZooKeeper node ``/name``."""
+    under ``name:``, a ZooKeeper node ``/name``, a directory ``name``."""
     kind = engine_of(url)
+    if kind == "file":
+        return os.path.exists(_directory(url, name))
     if kind == "redis":
         import redis
 

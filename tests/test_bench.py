@@ -7,7 +7,7 @@ nothing, was caught doing so, that counts add up (the peers' commands and reques
 uncontended section, wins within tries, one heartbeat statement per 512 renewed holds
 on SQL, none without renewal), that the asyncio scenarios' tasks share a few threads
 where the sync manager needs one per worker, that each scenario's chart is a readable
-PNG linked under its heading, and that a run leaves no table, key or node and no
+PNG linked under its heading, and that a run leaves no table, key, node or file and no
 process behind.
 """
 
@@ -26,6 +26,7 @@ import redis
 from engines import SQL, left_over, require_server
 
 from tierlock.backends import engine_of
+from tierlock.backends.files.names import parse_url
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SCENARIOS = ("uncontended", "hot-4x4")  # one thread; processes contending
@@ -39,22 +40,25 @@ LOCKS = {
     "postgresql": ["tierlock", "table-only", "pg_advisory_lock"],
     "redis": ["tierlock", "redis-py Lock", "python-redis-lock"],
     "zookeeper": ["tierlock", "kazoo Lock"],
+    "file": ["tierlock", "filelock FileLock"],
 }
 FLOORS = {
     "mariadb": "floor: 2x SELECT 1",
     "postgresql": "floor: 2x SELECT 1",
     "redis": "floor: 2x PING",
     "zookeeper": "floor: 2x exists",
+    "file": "floor: 2x stat",
 }
 # What an uncontended section costs each peer, counted at its client: redis-py's SET NX
 # and release script; python-redis-lock's GET (held already?), SET NX and release
-# script; the floors' two round trips.
+# script; the floors' two round trips (file-system calls).
 UNCONTENDED = {
     "redis-py Lock": 2,
     "python-redis-lock": 3,
     "floor: 2x SELECT 1": 2,
     "floor: 2x PING": 2,
     "floor: 2x exists": 2,
+    "floor: 2x stat": 2,
 }
 # Columns of the tables, after the implementation's.
 PER_SECTION = 6
@@ -135,7 +139,7 @@ def processes_naming(text: str) -> list[int]:
 def check_cleaned_up(url: str, table: str) -> None:
     """Nothing of the run is left on the engine: no lock table, no key of tierlock's or
     its peers' (python-redis-lock's ``lock:`` and ``lock-signal:`` keys included), no
-    node; and no worker process."""
+    node, nothing in the lock directory; and no worker process."""
     assert not left_over(url, table), "the lock table (namespace) is removed afterwards"
     kind = engine_of(url)
     if kind == "redis":
@@ -143,6 +147,8 @@ def check_cleaned_up(url: str, table: str) -> None:
             assert list(client.scan_iter(match=f"*{table}*", count=1000)) == []
     elif kind == "zookeeper":
         assert not left_over(url, f"{table}_peers"), "the peers' nodes are removed afterwards"
+    elif kind == "file":
+        assert list(Path(parse_url(url)).iterdir()) == [], "the peers' files too"
     assert processes_naming(table) == [], "no worker outlives the run"
 
 
@@ -191,7 +197,7 @@ def floor_caught(report: str, scenario: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.sql_only("Redis and ZooKeeper run every scenario in one test, to save time")
+@pytest.mark.sql_only("Redis, ZooKeeper and files run every scenario in one test, to save time")
 def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_path: Path) -> None:
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
@@ -218,8 +224,8 @@ def test_every_lock_excludes_and_the_run_cleans_up(db: str, db_url: str, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("db", engine_params("redis", "zookeeper"), indirect=True)
-def test_redis_and_zookeeper_locks_exclude_and_the_run_cleans_up(
+@pytest.mark.parametrize("db", engine_params("redis", "zookeeper", "file"), indirect=True)
+def test_redis_zookeeper_and_file_locks_exclude_and_the_run_cleans_up(
     db: str, db_url: str, tmp_path: Path
 ) -> None:
     """tierlock and the engine's peers through the blocking scenarios, the flash sale
@@ -241,7 +247,7 @@ def test_redis_and_zookeeper_locks_exclude_and_the_run_cleans_up(
     hot = check_locks(report, "hot-4x4", db)
     check_locks(report, "uncontended", db)
     check_uncontended_counts(report)
-    # Holds pass between the threads of a process with no request.
+    # Holds pass between the threads of a process with no request (file-system call).
     for label in LOCKS[db][1:]:
         assert value(hot["tierlock"][PER_SECTION]) < value(hot[label][PER_SECTION]), report
 
@@ -253,8 +259,8 @@ def test_redis_and_zookeeper_locks_exclude_and_the_run_cleans_up(
         if label in LOCKS[db]:
             assert cells[-1] == "0", f"{label} violated exclusion\n{report}"
         if label != "tierlock":
-            # A try costs every peer a round trip at least; most of tierlock's lost
-            # tries fail in tier 1.
+            # A try costs every peer a round trip (a file-system call) at least; most
+            # of tierlock's lost tries fail in tier 1.
             assert value(sales["tierlock"][PER_TRY]) < per_try, report
     assert value(sales["tierlock"][0]) > 0, report
     # Sixteen and thirty-two threads on one key with no lock: the check must catch them.
@@ -272,7 +278,7 @@ def test_redis_and_zookeeper_locks_exclude_and_the_run_cleans_up(
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.sql_only("Redis and ZooKeeper run every scenario in one test, to save time")
+@pytest.mark.sql_only("Redis, ZooKeeper and files run every scenario in one test, to save time")
 def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_path: Path) -> None:
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
@@ -318,7 +324,7 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("cpu-measures")  # (see test_processes' fairness test)
-@pytest.mark.parametrize("db", engine_params(*SQL, "redis"), indirect=True)
+@pytest.mark.parametrize("db", engine_params(*SQL, "redis", "file"), indirect=True)
 def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_path: Path) -> None:
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"

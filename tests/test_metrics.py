@@ -34,6 +34,7 @@ ENGINES = {
     "postgresql": "postgresql",
     "redis": "redis",
     "zookeeper": "zookeeper",
+    "file": "file",
 }
 HELD = 0.3  # a hold of known length, which a waiting thread sits out
 

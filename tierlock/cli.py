@@ -153,7 +153,10 @@ def pass_target(command: Callable[..., None]) -> Callable[..., None]:
     default=DEFAULT_URL,
     show_default=True,
     show_envvar=True,
-    help="Database URL: sqlite:///FILE, mysql+pymysql://..., postgresql+psycopg://...",
+    help=(
+        "Where the locks live: sqlite:///FILE, mysql+pymysql://..., postgresql+psycopg://..., "
+        "redis://..., zookeeper://..., file:///DIR"
+    ),
 )
 @click.option(
     "--table",
@@ -166,7 +169,7 @@ def pass_target(command: Callable[..., None]) -> Callable[..., None]:
 )
 @click.pass_context
 def main(ctx: click.Context, url: str, table: str) -> None:
-    """tierlock: distributed locks in a SQL table.
+    """tierlock: distributed locks in a SQL table (or Redis, ZooKeeper, a lock directory).
 
     Start with `tierlock demo`. Exit codes: 0 success; 1 the database, the table or the
     demo failed; 2 bad usage.
@@ -247,7 +250,8 @@ def init(target: Target, print_sql: bool) -> None:
     if not target.sql:
         if print_sql:
             raise admin.Failure(f"--print-sql is for SQL databases, not {target.shown}")
-        with target.manager():  # (reaching the engine is all there is to check)
+        # Reaching the engine is all there is to it (a lock directory is made).
+        with LockManager(target.url, table=target.table, reaper_interval=None):
             pass
         admin.console().print(f"{target.shown} needs no table: namespace {target.table} is ready")
         return

@@ -8,6 +8,8 @@ them apart.
 from __future__ import annotations
 
 import abc
+import os
+import shutil
 import time
 from typing import Any
 
@@ -207,6 +209,49 @@ class ZooKeeperAccounts(Accounts):
         self._client.close()
 
 
+class FileAccounts(Accounts):
+    """One file per account in a directory beside the lock directory, its balance as
+    the file's text, read and overwritten in place."""
+
+    def __init__(self, url: str, table: str) -> None:
+        from .backends.files.names import parse_url
+
+        self._root = os.path.join(parse_url(url), accounts_name(table))
+
+    def _path(self, account: int) -> str:
+        return os.path.join(self._root, str(account))
+
+    def seed(self, count: int, balance: int) -> None:
+        self.drop()
+        os.makedirs(self._root)
+        for account in range(count):
+            self.write(account, balance)
+
+    def total(self) -> int:
+        return sum(self._read(os.path.join(self._root, name)) for name in os.listdir(self._root))
+
+    def _read(self, path: str) -> int:
+        with open(path, "rb") as file:
+            return _balance(file.read())
+
+    def balances(self, source: int, target: int) -> tuple[int, int]:
+        return self._read(self._path(source)), self._read(self._path(target))
+
+    def write(self, account: int, balance: int) -> None:
+        # Fixed width, in place: a read meanwhile sees the old balance or the new one.
+        fd = os.open(self._path(account), os.O_WRONLY | os.O_CREAT, 0o666)
+        try:
+            os.pwrite(fd, b"%20d" % balance, 0)
+        finally:
+            os.close(fd)
+
+    def drop(self) -> None:
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def close(self) -> None:
+        pass
+
+
 def open_accounts(url: str, table: str, connections: int) -> Accounts:
     """The accounts of a demo on ``url``'s engine (``connections``: its threads)."""
     kind = engine_of(url)
@@ -214,4 +259,6 @@ def open_accounts(url: str, table: str, connections: int) -> Accounts:
         return RedisAccounts(url, table)
     if kind == "zookeeper":
         return ZooKeeperAccounts(url, table)
+    if kind == "file":
+        return FileAccounts(url, table)
     return SQLAccounts(url, table, connections)

@@ -22,7 +22,8 @@ class LockStats:
     acquisitions: int = 0  #: successful ``acquire()`` calls, reentrant ones included
     reentrant_acquisitions: int = 0  #: acquisitions by a thread that already held the key
     local_waits: int = 0  #: acquisitions that waited in tier 1 behind a local thread
-    statements: int = 0  #: requests sent: SQL statements, Redis commands, ZooKeeper requests
+    #: requests sent: SQL statements, Redis commands, ZooKeeper requests, file-system calls
+    statements: int = 0
     doorbell_queries: int = 0  #: MariaDB/MySQL named-lock queries that wake pollers
     wakeups: int = 0  #: SQLite: pollers of other processes woken after a row left
     inserts: int = 0  #: lock rows inserted (holds won in the database, keys or nodes made)

@@ -38,7 +38,7 @@ class LockBackend(abc.ABC):
     holds and semaphore permits, or ``None``), ``MAX_HANDOFFS`` (passes between threads
     with no request; 0: none), ``doorbell`` (wake-ups instead of sleeps) and
     ``others_waiting`` (whether other processes want a key). The engines: ``sql``,
-    ``redis``, ``zookeeper``, one sub-package each, chosen by ``open_backend``.
+    ``redis``, ``zookeeper``, ``files``, one sub-package each, chosen by ``open_backend``.
     """
 
     #: How many hand-offs between threads of a process one hold may have; each adds one
@@ -287,17 +287,19 @@ ENGINE_SCHEMES = {
     "redis+cluster": "redis",
     "rediss+cluster": "redis",
     "zookeeper": "zookeeper",
+    "file": "file",
 }
 
 
 def engine_of(url: str) -> str:
-    """The engine a URL names: ``"redis"``, ``"zookeeper"`` or ``"sql"``."""
-    return ENGINE_SCHEMES.get(url.partition("://")[0].lower(), "sql")
+    """The engine a URL names: ``"redis"``, ``"zookeeper"``, ``"file"`` or ``"sql"``."""
+    return ENGINE_SCHEMES.get(url.partition(":")[0].lower(), "sql")
 
 
 def engine_label(url: str) -> str:
-    """What metrics and messages call ``url``'s engine: ``"redis"``, ``"zookeeper"``, or
-    SQLAlchemy's name of the database (``"sqlite"``, ``"mysql"``, ``"postgresql"``)."""
+    """What metrics and messages call ``url``'s engine: ``"redis"``, ``"zookeeper"``,
+    ``"file"``, or SQLAlchemy's name of the database (``"sqlite"``, ``"mysql"``,
+    ``"postgresql"``)."""
     kind = engine_of(url)
     if kind != "sql":
         return kind
@@ -331,6 +333,12 @@ def open_backend(
             from .redis import RedisBackend
 
             return RedisBackend(url, table=table, counters=counters, timeout=timeout)
+        if kind == "file":
+            from .files import FileBackend
+
+            return FileBackend(
+                url, table=table, create_table=create_table, counters=counters, timeout=timeout
+            )
         from .zookeeper import ZooKeeperBackend
 
         return ZooKeeperBackend(url, table=table, ttl=ttl, counters=counters, timeout=timeout)

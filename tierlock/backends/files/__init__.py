@@ -1,0 +1,5 @@
+"""Locks as files in a directory: see ``backend``."""
+
+from .backend import FileBackend
+
+__all__ = ["FileBackend"]
