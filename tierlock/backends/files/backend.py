@@ -1,10 +1,10 @@
 """The file backend: a hold is a lock file in a directory that every holder can reach,
 as in JD's patent: a local directory for processes on one host, or one shared over
 NFS, CephFS or the like for hosts that share nothing else. The files and their guard:
-``holdfile``; key names: ``names``.
+``holdfile``; key names: ``names``; the reaper's work: ``reaping``.
 
-* Taking a free key is one exclusive create, then the write of the holder record under
-  the key's guard, which also counts the hold's fencing number.
+* Taking a free key is one exclusive create and a provisional holder record, then,
+  under the key's guard, the record with the hold's fencing number, counted there.
 * A key whose hold file exists is taken over, under its guard, only if that file's
   lease has ended by the file server's clock, or its holder process is proven gone on
   this host, or it was left half written; two waiters cannot both win, as the second

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from .. import Doorbell
+from ..ringing import EventBell
 
 try:
     import inotify_simple
@@ -56,7 +57,7 @@ class WakeUps:
                     target=self._watch, name="tierlock-watcher", daemon=True
                 )
                 self._thread.start()
-        return _Bell(self, name, event)
+        return EventBell(event, self._closing, lambda: self._leave(name, event))
 
     def close(self) -> None:
         """Stop the watching thread (``closing`` is set) and send every poller away."""
@@ -108,22 +109,3 @@ class WakeUps:
             events = [event for events in self._bells.values() for event in events]
         for event in events:
             event.set()
-
-
-class _Bell(Doorbell):
-    def __init__(self, wakeups: WakeUps, name: str, event: threading.Event) -> None:
-        super().__init__(wakeups._closing)
-        self._wakeups = wakeups
-        self._name = name
-        self._event = event
-
-    def arm(self) -> None:
-        self._event.clear()
-
-    def wait(self, seconds: float) -> bool:
-        if self._closing is not None and self._closing.is_set():
-            return False
-        return self._event.wait(seconds)
-
-    def close(self) -> None:
-        self._wakeups._leave(self._name, self._event)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import Doorbell
+from ..ringing import EventBell
 
 __all__ = ["WakeUps"]
 
@@ -63,7 +64,7 @@ class WakeUps:
                     target=self._listen, name="tierlock-listener", daemon=True
                 )
                 self._thread.start()
-        return _Bell(self, channel, event, self._stopped)
+        return EventBell(event, self._stopped, lambda: self._leave(channel, event))
 
     def others_waiting(self, channel: str) -> bool | None:
         """Whether a connection other than this backend's listens on ``channel``."""
@@ -142,25 +143,3 @@ class WakeUps:
             events = [event for events in self._bells.values() for event in events]
         for event in events:
             event.set()
-
-
-class _Bell(Doorbell):
-    def __init__(
-        self, wakeups: WakeUps, channel: str, event: threading.Event, closing: threading.Event
-    ) -> None:
-        super().__init__()
-        self._stopped = closing
-        self._wakeups = wakeups
-        self._channel = channel
-        self._event = event
-
-    def arm(self) -> None:
-        self._event.clear()
-
-    def wait(self, seconds: float) -> bool:
-        if self._stopped.is_set():
-            return False
-        return self._event.wait(seconds)
-
-    def close(self) -> None:
-        self._wakeups._leave(self._channel, self._event)
