@@ -117,7 +117,6 @@ def test_eight_processes_racing_for_one_expired_file_leave_one_winner(
             **{"url": f"file://{root}", "table": table, "key": key},
             **{"ready": ready, "tried": tried, "wins": wins, "me": me},
         )
-    before = locks.stats().takeovers
     for round_ in range(ROUNDS):
         expired = locks.lock(key, ttl=30, renew=False)
         expired.acquire()
@@ -131,7 +130,6 @@ def test_eight_processes_racing_for_one_expired_file_leave_one_winner(
             expired.release()
         tried.wait(procs.WAIT_LIMIT)
     children.join()
-    assert locks.stats().takeovers == before  # (the racers took over, not this manager)
     assert locks.holders() == []
 
 
@@ -223,8 +221,8 @@ def make_file_managers(url: str, table: str) -> Iterator[MakeManager]:
 def test_a_half_written_file_is_held_for_its_grace_then_taken_over(
     locks: tierlock.LockManager, root: Path, table: str
 ) -> None:
-    """A hold file left empty by a creator that died between its two steps holds the
-    key for ``CREATE_GRACE`` from its creation, then is taken over."""
+    """A hold file left empty by a creator that died between its first two system
+    calls holds the key for ``CREATE_GRACE`` from its creation, then is taken over."""
     path = hold_file(root, table, "half")
     path.touch()
     lock = locks.lock("half")
