@@ -363,6 +363,20 @@ def test_a_release_on_this_host_rings_a_waiting_pollers_doorbell(
     assert "tierlock-watcher" not in {thread.name for thread in threading.enumerate()}
 
 
+def test_a_holder_learns_that_a_poller_elsewhere_wants_its_key(
+    make_file_managers: MakeManager,
+) -> None:
+    """A lost try marks the key as wanted; the holder's next look says so once, and
+    nothing when nobody tried since: a hold then passes on within its process."""
+    holder, waiter = make_file_managers(), make_file_managers()
+    backend = holder._backend
+    with holder.lock("wanted"):
+        assert backend.others_waiting("wanted", False) is False
+        assert not waiter.lock("wanted").acquire(blocking=False)
+        assert backend.others_waiting("wanted", False) is True
+        assert backend.others_waiting("wanted", False) is False
+
+
 # -- keys and names --------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
 from ..gate import Gate
 from .holdfile import PROVISIONAL, Directory, GuardBusy, Seen, Stored, milliseconds, span_of
-from .names import COUNTER, HOLD, key_name, parse_url
+from .names import COUNTER, HOLD, WAITING, key_name, parse_url
 from .reaping import reap_ended
 from .wakeups import WakeUps
 
@@ -138,6 +138,7 @@ class FileBackend(LockBackend):
         seen = files.peek(hold)
         if seen is not None and not self._ended(seen, files.now()):
             self.counters.add("insert_conflicts")
+            files.mark(files.path(key_name(key) + WAITING))  # (see ``others_waiting``)
             return None
         return self._take_over(key, owner, ttl, lease, seen, limit)
 
@@ -336,7 +337,7 @@ class FileBackend(LockBackend):
 
         def look() -> LockInfo | None:
             seen = self._files.peek(hold)
-            return None if seen is None else _info(seen, self._files.now())
+            return None if seen is None else seen.info(self._files.now())
 
         return self._run("info", key, look)
 
@@ -345,8 +346,8 @@ class FileBackend(LockBackend):
             files = self._files
             now = files.now()
             seen = [files.peek(entry.path) for entry in files.listing(HOLD)]
-            found = [_info(each, now) for each in seen if each is not None]
-            return sorted((info for info in found if info is not None), key=_by_key)
+            found = [each.info(now) for each in seen if each is not None]
+            return sorted((info for info in found if info is not None), key=lambda i: i.key)
 
         return self._run("holders", None, look)
 
@@ -367,6 +368,17 @@ class FileBackend(LockBackend):
 
     # -- life --------------------------------------------------------------------------
 
+    def others_waiting(self, key: str, ringing: bool) -> bool | None:
+        """Whether a poller found ``key`` held since the last call: a poller marks each
+        try it lost, and this takes the mark away."""
+        if self._gate.shut:
+            return None
+        waiting = self._files.path(key_name(key) + WAITING)
+        try:
+            return self._run("others_waiting", key, lambda: self._files.remove(waiting))
+        except LockError:
+            return None
+
     def doorbell(self, key: str) -> Doorbell:
         return self._wakeups.doorbell(key_name(key) + HOLD)
 
@@ -383,15 +395,3 @@ class FileBackend(LockBackend):
         self._wakeups.close()
         self._gate.close(self.timeout)
         self._gate.seal()
-
-
-def _info(seen: Seen, now: int) -> LockInfo | None:
-    """The hold a file shows; ``None`` while it is being written."""
-    stored = seen.stored
-    if stored is None or stored.number == PROVISIONAL:
-        return None
-    return stored.record.info(stored.key, stored.number, seen.expires, now)
-
-
-def _by_key(info: LockInfo) -> str:
-    return info.key

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+from ...records import LockInfo
 from ...stats import Counters
 from ..basics import Record
 
@@ -114,6 +115,13 @@ class Seen(NamedTuple):
     def owned_by(self, owner_id: str) -> bool:
         return self.stored is not None and self.stored.record.owner_id == owner_id
 
+    def info(self, now: int) -> LockInfo | None:
+        """The hold the file shows at ``now`` (ms); ``None`` while it is being written."""
+        stored = self.stored
+        if stored is None or stored.number == PROVISIONAL:
+            return None
+        return stored.record.info(stored.key, stored.number, self.expires, now)
+
 
 class Directory:
     """One lock directory (``<dir>/<table>``); every file operation is counted as a
@@ -191,12 +199,22 @@ class Directory:
     def still_at(self, path: str, fd: int) -> os.stat_result | None:
         """``fd``'s status if it is the file at ``path`` still (no takeover replaced
         it), else ``None``."""
-        self._count("statements", 2)
+        status = os.fstat(fd)
+        self._count("statements")
+        return status if self.names(path, status.st_ino) else None
+
+    def names(self, path: str, inode: int) -> bool:
+        """Whether ``path`` names the file ``inode`` (of an open descriptor)."""
+        self._count("statements")
         try:
-            status = os.fstat(fd)
-            return status if os.stat(path).st_ino == status.st_ino else None
+            return os.stat(path).st_ino == inode
         except FileNotFoundError:
-            return None
+            return False
+
+    def mark(self, path: str) -> None:
+        """Make the (empty) file at ``path`` if there is none."""
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+        self._count("statements", 2)
 
     def remove(self, path: str) -> bool:
         """Delete the file at ``path``; ``False`` if there was none."""
@@ -281,7 +299,7 @@ class Directory:
                     return self.rewrite_owned(hold, owner_id, lambda _: renewed, keep_expiry=False)
             os.utime(fd)
             self._count("statements")
-            return self.still_at(hold, fd) is not None
+            return self.names(hold, seen.inode)
 
     def next_number(self, guard: int, mtime_ns: int) -> int:
         """Count one more hold in the key's counter (``guard``, held): one more than

@@ -17,12 +17,14 @@ import hashlib
 import os
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["COUNTER", "HOLD", "key_name", "parse_url"]
+__all__ = ["COUNTER", "HOLD", "WAITING", "key_name", "parse_url"]
 
 SCHEME = "file"
-# The file of a key's hold, and of its fencing-token counter (also the key's guard).
+# The file of a key's hold, of its fencing-token counter (also the key's guard), and
+# the mark that another process's poller found the key held.
 HOLD = ".lock"
 COUNTER = ".token"
+WAITING = ".wait"
 # Longest plain name: with a suffix, well within the 255 bytes most filesystems allow.
 PLAIN_NAME_LIMIT = 200
 HASHED = "%-"

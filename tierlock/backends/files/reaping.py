@@ -1,10 +1,10 @@
-"""The reaper's work in a lock directory: hold files whose lease has ended, and the
-counter files of keys left idle."""
+"""The reaper's work in a lock directory: hold files whose lease has ended, the counter
+files of keys left idle, and the marks of pollers of keys nobody holds."""
 
 from __future__ import annotations
 
 from .holdfile import Directory, milliseconds
-from .names import COUNTER, HOLD
+from .names import COUNTER, HOLD, WAITING
 
 __all__ = ["COUNTER_LIFE", "reap_ended"]
 
@@ -17,8 +17,8 @@ COUNTER_LIFE = 7 * 24 * 3600 * 1000
 
 def reap_ended(files: Directory) -> int:
     """Delete every hold file whose lease has ended, each under its key's guard if it is
-    still the file judged, and the counters of keys idle for ``COUNTER_LIFE``; return
-    how many holds went."""
+    still the file judged, the counters of keys idle for ``COUNTER_LIFE`` and the marks
+    of keys nobody holds; return how many holds went."""
     now = files.now()
     reaped = 0
     for entry in files.listing(HOLD):
@@ -33,4 +33,7 @@ def reap_ended(files: Directory) -> int:
             with files.guard(entry.path):  # (the guard's holder may delete its file)
                 if files.peek(entry.path[: -len(COUNTER)] + HOLD) is None:
                     files.remove(entry.path)
+    for entry in files.listing(WAITING):
+        if files.peek(entry.path[: -len(WAITING)] + HOLD) is None:
+            files.remove(entry.path)  # (a hint: one lost costs a poller nothing)
     return reaped
