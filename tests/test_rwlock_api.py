@@ -25,8 +25,10 @@ from rwhelpers import (
     takes,
     times_out,
 )
+from sqlalchemy import Engine, text
 
 import tierlock
+from tierlock.backends.basics import fencing_token
 
 pytestmark = SHARED_HOLDS
 
@@ -286,6 +288,45 @@ def test_a_write_hold_after_read_holds_has_a_higher_token(
     assert waiting.token > write_token
     waiting.finish()
     assert writer.holders() == []
+
+
+@pytest.mark.parametrize(
+    "db", [pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+def test_a_reader_joins_only_after_a_writers_insert_that_drew_its_token(
+    make_manager: MakeManager,
+    key: str,
+    table: str,
+    engine: Engine,
+    hold: Callable[[Handle], Holder],
+) -> None:
+    """PostgreSQL draws an insert's token before it checks the key, under the key's
+    advisory lock. A reader joining a group between a writer's draw and its check, and
+    the group ending, would let the writer in with a token below that reader's. Here a
+    writer's insert is played in its steps, paused after the draw while a reader holds
+    the key: another reader's join waits for it, and gets a token above the draw."""
+    first, second = make_manager(), make_manager()
+    reading = hold(first.read_lock(key)).start()
+    with engine.connect() as writer, engine.connect() as watcher:
+        writer.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:table), hashtext(:key))"),
+            {"table": table, "key": key},
+        )
+        sequence = text("SELECT nextval(pg_get_serial_sequence(:table, 'token'))")
+        drawn = writer.execute(sequence, {"table": table}).scalar_one()
+        joining = hold(second.read_lock(key)).start(wait=False)
+        stuck = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+
+        def waits_or_joined() -> bool:
+            return joining.held.is_set() or watcher.execute(stuck).scalar_one() > 0
+
+        wait_until(waits_or_joined, "the second reader to join or wait")
+        assert not joining.held.is_set(), "joined while the writer's insert was between steps"
+        writer.commit()  # (its check found the group: the writer's insert does nothing)
+    joining.wait_held()
+    assert joining.token is not None and joining.token > fencing_token(drawn, 0)
+    joining.finish()
+    reading.finish()
 
 
 # -- locked() ------------------------------------------------------------------------

@@ -21,7 +21,16 @@ from sqlalchemy.sql.expression import ColumnElement, Delete, Update
 
 from .columns import larger, utc_after, utc_now
 from .queries import Queries, Query
-from .table import GROUP, REAP_BATCH, RESERVED, SHARED, _between, _expired, _listed
+from .table import (
+    GROUP,
+    REAP_BATCH,
+    RESERVED,
+    SHARED,
+    _between,
+    _expired,
+    _listed,
+    key_serialiser,
+)
 
 __all__ = ["SharedQueries", "SharedStatements"]
 
@@ -42,9 +51,16 @@ class SharedStatements:
 
         # join_group(key, ttl): 1 row if an open, live group of the key now counts one
         # more member and lasts at least ttl from now (PostgreSQL: its token returned).
+        # PostgreSQL: the key's advisory lock first, held to the end of the joining
+        # transaction, which inserts the reader's row: its token is drawn under the key's
+        # lock, so a writer's insert of the key cannot draw before it and win after it
+        # left (its token would be below the reader's).
+        joinable = group_is & ~_expired(table) & open_group
+        if dialect_name == "postgresql":
+            joinable &= key_serialiser(table).cte("serialised").c.locked.is_not(None)
         join = (
             update(table)
-            .where(group_is & ~_expired(table) & open_group)
+            .where(joinable)
             .values(
                 members=c.members + 1,
                 lease=larger(c.lease, ttl),

@@ -41,7 +41,7 @@ from sqlalchemy.sql.expression import (
 
 from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH, LockKeyType, Timestamp, utc_after, utc_now
 
-__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "lock_table"]
+__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "key_serialiser", "lock_table"]
 
 # The reaper deletes at most this many rows per statement, so one pass never locks a
 # large part of the table at once.
@@ -57,6 +57,15 @@ PERMIT = "permit"
 # A group whose last reader left while a writer waited becomes a reservation: readers
 # keep out, and a writer deletes it and inserts its own row.
 RESERVED = "reserved"
+
+
+def key_serialiser(table: Table) -> Select[Any]:
+    """PostgreSQL: ``SELECT pg_advisory_xact_lock(...) AS locked`` (``locked`` is never
+    NULL), the lock on ``key`` of ``table`` that a transaction holds from before it draws
+    a token for the key's holds to its end; see ``Statements.insert_if_absent``."""
+    key_hash = func.hashtext(bindparam("key"))
+    locked = func.pg_advisory_xact_lock(func.hashtext(literal(table.name)), key_hash)
+    return select(locked.label("locked"))
 
 
 def lock_table(name: str, metadata: MetaData | None = None) -> Table:
@@ -161,7 +170,8 @@ class Statements:
         # so a second insert of the key must not be able to draw, win, and release in
         # between, or the first would then win with the lower token. PostgreSQL: a
         # transaction-level advisory lock on the key, taken before the draw, keeps
-        # inserts of one key apart. MariaDB/MySQL: INSERT ... SELECT holds InnoDB's
+        # inserts of one key apart, and readers joining its group too, whose rows are
+        # under keys of their own (``shared``). MariaDB/MySQL: INSERT ... SELECT holds InnoDB's
         # table-level AUTO-INC lock to the end of the statement (innodb_autoinc_lock_mode
         # 0 or 1, the default). SQLite runs one writer at a time.
         names = list(values)
@@ -170,11 +180,7 @@ class Statements:
         # serialise_key(key): PostgreSQL: that advisory lock, to the transaction's end.
         self.serialise_key: Select[Any] | None = None
         if dialect_name == "postgresql":
-            self.serialise_key = select(
-                func.pg_advisory_xact_lock(
-                    func.hashtext(literal(table.name)), func.hashtext(bindparam("key"))
-                ).label("locked")
-            )
+            self.serialise_key = key_serialiser(table)
             serialised = self.serialise_key.cte("serialised")
             self.insert_if_absent = (
                 postgresql.insert(table)
