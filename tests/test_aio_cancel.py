@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
-from aiohelpers import Gate, Holder, Opener, rows, run, settled
+from aiohelpers import LONG, Gate, Holder, Opener, rows, run, settled
 from conftest import SHARED_HOLDS, MakeManager
 
 from tierlock.aio import AsyncLockManager
@@ -144,9 +145,25 @@ def test_cancelled_as_the_hold_reaches_it(opener: Opener, key: str, waiting: int
     run(main)
 
 
+# How many turns of the loop the sweep below waits for before it cancels, at most.
+TURNS = 500
+
+
+def cancel_points() -> Iterator[tuple[int, float]]:
+    """When the sweep cancels: after 0, 1, ... turns of the loop; then, since the
+    backend's calls run in threads, whose replies come after time rather than turns (a
+    server starved of CPU takes longer than ``TURNS`` turns), after pauses that double
+    from 1 ms up to ``LONG``."""
+    yield from ((turns, 0.0) for turns in range(TURNS))
+    pause = 0.001
+    while pause <= LONG:
+        yield TURNS, pause
+        pause *= 2
+
+
 def test_cancelled_at_each_step_of_an_acquire_and_release(opener: Opener, key: str) -> None:
-    """A sweep: cancel a task that acquires and releases after 0, 1, 2, ... turns of
-    the loop, until it is done before the cancel comes; each time nothing is left."""
+    """A sweep: cancel a task that acquires and releases at each of ``cancel_points``,
+    until it is done before the cancel comes; each time nothing is left."""
 
     async def main() -> None:
         async with opener() as locks:
@@ -156,10 +173,12 @@ def test_cancelled_at_each_step_of_an_acquire_and_release(opener: Opener, key: s
                 await lock.acquire()
                 await lock.release()
 
-            for steps in range(500):
+            for turns, pause in cancel_points():
                 task = asyncio.create_task(take_and_give_back())
-                for _ in range(steps):
+                for _ in range(turns):
                     await asyncio.sleep(0)
+                if pause:
+                    await asyncio.sleep(pause)
                 finished = task.done()
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -167,7 +186,7 @@ def test_cancelled_at_each_step_of_an_acquire_and_release(opener: Opener, key: s
                 await free_for_the_next(locks, key)
                 if finished:
                     return
-            raise AssertionError("an acquire and release of a free key never finished")
+            raise AssertionError(f"an acquire and release of a free key took over {LONG:g} s")
 
     run(main)
 
