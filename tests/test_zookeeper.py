@@ -38,6 +38,7 @@ from zk_servers import ZooKeeperServer
 import tierlock
 from tierlock import tiers
 from tierlock.backends.zookeeper.nodes import Paths
+from tierlock.backends.zookeeper.waiting import FRESH
 
 pytestmark = pytest.mark.zookeeper
 
@@ -423,8 +424,11 @@ def test_a_hot_key_stays_in_its_process_until_another_process_wants_it(
     for thread in threads:
         thread.start()
     try:
-        # (At first, no mark of another process only means that none has appeared yet.)
         wait_until(lambda: busy.stats().local_handoffs >= 500, "hand-offs")
+        # Cohorts of at most COHORT_LIMIT hand-offs ended among those, each asking who
+        # else waits; for FRESH after the first ask, no mark of another process only
+        # means that none has appeared yet, and cohorts go back to the server.
+        time.sleep(FRESH)
         before = busy.stats()
         wait_until(lambda: busy.stats().local_handoffs >= before.local_handoffs + 500, "more")
         # (Cohorts end after 5 ms: had each gone back to the server, 20 or more.)
