@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
+import sqlite3
 import threading
 import time
 import weakref
@@ -13,7 +15,7 @@ import pytest
 from engines import keeps_expired
 from polling import wait_until
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 import tierlock
 from tierlock.backends.basics import MAX_HANDOFFS
@@ -416,6 +418,38 @@ def test_reaper_runs_by_default(db_url: str, table: str) -> None:
     assert not manager.reaper_running
     with tierlock.LockManager(db_url, table=table, reaper_interval=None) as manager:
         assert not manager.reaper_running
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_manager_opened_while_another_connection_writes_waits_for_it(
+    db_url: str, table: str
+) -> None:
+    """SQLite has one writer. A manager whose table is created while another connection
+    writes for longer than one statement waits for the file tries again, as operations
+    do, until ``database_timeout``: the managers of several processes open at once."""
+    path = make_url(db_url).database
+    assert path is not None
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA journal_mode = WAL")
+    creates: list[str] = []
+
+    def seen(connection: object, cursor: object, statement: str, *rest: object) -> None:
+        if statement.lstrip().startswith("CREATE TABLE") and table in statement:
+            creates.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            writer.execute("BEGIN IMMEDIATE")
+            opening = pool.submit(tierlock.LockManager, db_url, table=table, reaper_interval=None)
+            wait_until(lambda: len(creates) >= 2 or opening.done(), "a second try")
+            assert not opening.done(), f"gave up at once: {opening.exception()!r}"
+            writer.execute("COMMIT")
+            with opening.result(timeout=60) as manager, manager.lock("key") as lock:
+                assert lock.token is not None
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+        writer.close()
 
 
 def test_synchronized_formats_the_key_from_arguments(make_manager: MakeManager, key: str) -> None:

@@ -92,7 +92,7 @@ class LockManager(ManagerBase):
     Its ``url`` (any password hidden) and ``table`` say where its locks live.
 
     :raises ValueError, TypeError: a bad option; the message names it.
-    :raises BackendError: the table could not be created.
+    :raises BackendError: the table could not be created within ``database_timeout``.
     """
 
     def __init__(

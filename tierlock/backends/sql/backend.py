@@ -119,7 +119,7 @@ class SQLBackend(LockBackend):
         gate = self._runner.gate
         gate.enter()
         try:
-            prepare_table(self._engine, self.table, create=create_table)
+            prepare_table(self._engine, self.table, create=create_table, timeout=timeout)
         finally:
             gate.leave()
 

@@ -20,6 +20,7 @@ __all__ = [
     "SQLITE_BUSY_SLICE",
     "SQLITE_LEAST_BUSY_WAIT",
     "engine_for_url",
+    "is_contention",
     "set_busy_timeout",
     "unreachable",
     "usable_engine",
@@ -130,6 +131,26 @@ def usable_engine(engine: object) -> Engine:
         raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
     _refuse_memory_database(engine.url)
     return engine
+
+
+# lock wait timeout, deadlock, and the auto-increment read that MariaDB fails now and
+# then when an INSERT ... SELECT meets a deadlocked one (nothing was written)
+_MYSQL_CONTENTION = {1205, 1213, 1467}
+_POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
+_SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def is_contention(exc: DBAPIError) -> bool:
+    """Whether ``exc`` says only that others held what the statement needed (SQLite's
+    one writer busy, a deadlock, a lock wait that timed out): nothing was written, and
+    the statement may be tried again."""
+    orig = exc.orig
+    mysql_code = orig.args[0] if orig is not None and orig.args else None
+    return (
+        mysql_code in _MYSQL_CONTENTION
+        or getattr(orig, "sqlstate", None) in _POSTGRESQL_CONTENTION
+        or getattr(orig, "sqlite_errorcode", None) in _SQLITE_CONTENTION
+    )
 
 
 def unreachable(exc: DBAPIError) -> str:

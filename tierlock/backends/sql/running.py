@@ -39,7 +39,7 @@ from ...errors import BackendError, LockError
 from ...stats import Counters
 from ..gate import Gate
 from .columns import MYSQL_FAMILY
-from .engine import SQLITE_BUSY_SLICE, set_busy_timeout, unreachable
+from .engine import SQLITE_BUSY_SLICE, is_contention, set_busy_timeout, unreachable
 from .link import Link
 from .queries import Query
 
@@ -64,12 +64,6 @@ LONGEST_RETRY_PAUSE = 0.5
 # busy process that ask the database at once (one per key, in tier 1). They take
 # 0.1-0.2x off an uncontended acquire + release (the pool's checkout and return).
 SPARE_CONNECTIONS = 4
-
-# lock wait timeout, deadlock, and the auto-increment read that MariaDB fails now and
-# then when an INSERT ... SELECT meets a deadlocked one (nothing was written)
-_MYSQL_CONTENTION = {1205, 1213, 1467}
-_POSTGRESQL_CONTENTION = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock n/a
-_SQLITE_CONTENTION = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
 _CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
 
@@ -167,13 +161,7 @@ class Runner:
     def _kind(self, exc: DBAPIError) -> str:
         if exc.connection_invalidated:
             return _CONNECTION
-        orig = exc.orig
-        mysql_code = orig.args[0] if orig is not None and orig.args else None
-        if (
-            mysql_code in _MYSQL_CONTENTION
-            or getattr(orig, "sqlstate", None) in _POSTGRESQL_CONTENTION
-            or getattr(orig, "sqlite_errorcode", None) in _SQLITE_CONTENTION
-        ):
+        if is_contention(exc):
             return _CONTENTION
         # SQLite has no connection to lose: "no such table" is an OperationalError too.
         if isinstance(exc, OperationalError) and self.dialect_name != "sqlite":

@@ -4,6 +4,7 @@ the server settings that fencing tokens rely on."""
 from __future__ import annotations
 
 import logging
+import time
 
 from sqlalchemy import Table, inspect
 from sqlalchemy.engine import Engine
@@ -12,34 +13,52 @@ from sqlalchemy.schema import CreateColumn
 
 from ...errors import BackendError
 from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH
-from .engine import unreachable
+from .engine import is_contention, unreachable
+from .running import LONGEST_RETRY_PAUSE, RETRY_PAUSE
 
 __all__ = ["prepare_table"]
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_table(engine: Engine, table: Table, *, create: bool) -> None:
+def prepare_table(engine: Engine, table: Table, *, create: bool, timeout: float) -> None:
     """Create ``table`` if asked and bring it up to date; on MySQL/MariaDB, warn if the
-    server may hand out fencing tokens out of order.
+    server may hand out fencing tokens out of order. Contention (on SQLite, another
+    process writing: the managers of several processes opening at once, say) is tried
+    again until ``timeout`` runs out, as an operation's is.
 
     :raises BackendError: the database cannot be reached, or the table not created.
     """
-    if create:
-        _create_table(engine, table)
-    if engine.dialect.name in MYSQL_FAMILY:
-        _check_autoinc_lock_mode(engine, table)
+    give_up = time.monotonic() + timeout
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            if create:
+                _create_table(engine, table)
+            if engine.dialect.name in MYSQL_FAMILY:
+                _check_autoinc_lock_mode(engine, table)
+            return
+        except DBAPIError as exc:  # (contention: the steps let nothing else through)
+            left = give_up - time.monotonic()
+            if not is_contention(exc) or left <= 0:
+                raise BackendError(f"cannot prepare table {table.name!r}: {exc.orig}") from exc
+        time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, left))
 
 
 def _create_table(engine: Engine, table: Table) -> None:
     try:
         connection = engine.connect()
     except DBAPIError as exc:
+        if is_contention(exc):
+            raise
         raise BackendError(unreachable(exc)) from exc
     with connection:
         try:
             table.create(connection, checkfirst=True)
         except DBAPIError as exc:
+            if is_contention(exc):
+                raise
             # Another process may have created it between the check and CREATE.
             if not _has_table(engine, table):
                 message = f"cannot create table {table.name!r}: {exc.orig}"
@@ -86,6 +105,8 @@ def _add_missing_columns(engine: Engine, table: Table) -> None:
             with engine.connect() as connection:
                 connection.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {spec}")
         except DBAPIError as exc:
+            if is_contention(exc):
+                raise
             if column in _missing(engine, table):  # (else another process added it first)
                 raise BackendError(f"cannot upgrade table {table.name!r}: {exc.orig}") from exc
         logger.warning("added column %s to lock table %r", column, table.name)
