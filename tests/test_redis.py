@@ -469,6 +469,22 @@ def test_hand_off_to_a_local_waiter_is_recorded(
 
 
 @pytest.mark.slow
+def test_info_and_holders_never_show_an_expired_hold(make_locks: MakeLocks, key: str) -> None:
+    """Redis drops a hold once its clock passes the key's expiry time, and keeps it
+    through that millisecond: read up to the moment it is gone, by ``info()`` and
+    ``holders()`` in turn, a hold is never shown expired."""
+    locks = make_locks()
+    seen = 0
+    for _ in range(5):
+        lock = locks.lock(key, ttl=0.2, renew=False)
+        assert lock.acquire(blocking=False)
+        while (info := locks.info(key)) is not None:
+            assert not info.expired, info
+            assert all(not holder.expired for holder in locks.holders())
+            seen += 1
+    assert seen >= 5  # (the polls did read live holds)
+
+
 def test_one_round_trip_renews_every_hold(make_locks: MakeLocks) -> None:
     """1,200 holds (three scripts' worth) are renewed by one pipeline per beat."""
     count, ttl = 1200, 0.9

@@ -250,8 +250,8 @@ class RedisBackend(LockBackend):
         reply = self._run("info", key, lambda _: self._call(PEEK, (record_key,), ()))
         if reply is None:
             return None
-        value, expires, now = reply
-        return _info(key, value, int(expires), int(now))
+        value, expires, _ = reply
+        return _info(key, value, int(expires))
 
     def holders(self) -> list[LockInfo]:
         return sorted(self._run("holders", None, lambda _: self._holders()), key=_by_key)
@@ -271,7 +271,7 @@ class RedisBackend(LockBackend):
             if value is not None and expires >= 0:  # (else gone meanwhile)
                 key = user_key_of(self.table, record_key)
                 at = expires if self._expiry_times else now + expires
-                holders.append(_info(key, value, at, now))
+                holders.append(_info(key, value, at))
         return holders
 
     def _get_with_expiry(self, records: list[str]) -> list[Any]:
@@ -352,9 +352,13 @@ class RedisBackend(LockBackend):
         self._client.close()
 
 
-def _info(key: str, value: str, expires: int, now: int) -> LockInfo:
+def _info(key: str, value: str, expires: int) -> LockInfo:
+    """``expires``: the key's expiry time. Redis keeps a key through that millisecond
+    and drops it once its clock passes it, so the lease ends a millisecond after, and a
+    record read is never shown expired (a TIME read after the GET, even in one script,
+    may be past the clock Redis judged the key by)."""
     stored = Stored.parse(value)
-    return stored.record.info(key, stored.number, expires, now)
+    return stored.record.info(key, stored.number, expires + 1, now=expires)
 
 
 def _by_key(info: LockInfo) -> str:
