@@ -353,12 +353,11 @@ class RedisBackend(LockBackend):
 
 
 def _info(key: str, value: str, expires: int) -> LockInfo:
-    """``expires``: the key's expiry time. Redis keeps a key through that millisecond
-    and drops it once its clock passes it, so the lease ends a millisecond after, and a
-    record read is never shown expired (a TIME read after the GET, even in one script,
-    may be past the clock Redis judged the key by)."""
+    """``expires``: the key's expiry time. A record read is live, never shown expired:
+    Redis keeps a key through the millisecond of its expiry time, and a TIME read after
+    the GET (even in one script) may be past the clock Redis judged the key by."""
     stored = Stored.parse(value)
-    return stored.record.info(key, stored.number, expires + 1, now=expires)
+    return stored.record.info(key, stored.number, expires, now=expires - 1)
 
 
 def _by_key(info: LockInfo) -> str:
