@@ -39,7 +39,7 @@ def prepare_table(engine: Engine, table: Table, *, create: bool, timeout: float)
             if engine.dialect.name in MYSQL_FAMILY:
                 _check_autoinc_lock_mode(engine, table)
             return
-        except DBAPIError as exc:  # (contention: the steps let nothing else through)
+        except DBAPIError as exc:  # (contention, which the steps pass on, or a lookup's)
             left = give_up - time.monotonic()
             if not is_contention(exc) or left <= 0:
                 raise BackendError(f"cannot prepare table {table.name!r}: {exc.orig}") from exc

@@ -171,9 +171,9 @@ class Statements:
         # between, or the first would then win with the lower token. PostgreSQL: a
         # transaction-level advisory lock on the key, taken before the draw, keeps
         # inserts of one key apart, and readers joining its group too, whose rows are
-        # under keys of their own (``shared``). MariaDB/MySQL: INSERT ... SELECT holds InnoDB's
-        # table-level AUTO-INC lock to the end of the statement (innodb_autoinc_lock_mode
-        # 0 or 1, the default). SQLite runs one writer at a time.
+        # under keys of their own (``shared``). MariaDB/MySQL: INSERT ... SELECT holds
+        # InnoDB's table-level AUTO-INC lock to the end of the statement
+        # (innodb_autoinc_lock_mode 0 or 1, the default). SQLite runs one writer at a time.
         names = list(values)
         row = select(*(value.label(name) for name, value in values.items()))
         self.insert_if_absent: Executable
