@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import redis
-from servers import POLL, READY_TIMEOUT, Server, ServerUnavailable, program
+from servers import POLL, READY_TIMEOUT, Server, ServerUnavailable, free_ports, program
 
 __all__ = ["RedisCluster", "RedisServer", "self_signed_certificate"]
 
@@ -120,16 +120,22 @@ class RedisCluster:
     first node (the client finds the others)."""
 
     def __init__(self, directory: Path) -> None:
-        self.nodes = [
-            RedisServer(
+        # Each node's cluster bus on a free port of its own: by default it is the node's
+        # port + 10000, which may be in the ephemeral range, taken by any connection.
+        ports = free_ports(2 * CLUSTER_NODES)
+        self.nodes = []
+        for number in range(CLUSTER_NODES):
+            node = RedisServer(
                 directory / f"node{number}",
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
+                "--cluster-port",
+                str(ports[2 * number + 1]),
             )
-            for number in range(CLUSTER_NODES)
-        ]
+            node.port = ports[2 * number]
+            self.nodes.append(node)
 
     @property
     def url(self) -> str:

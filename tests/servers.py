@@ -57,7 +57,7 @@ class ServerUnavailable(Exception):
     """The server's programs are missing or it did not start; the message says why."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free loopback port below the ephemeral range, so that no outgoing connection
     can take it while the server is down between a stop and the next start."""
     try:
@@ -74,6 +74,14 @@ def _free_port() -> int:
             bound: int = probe.getsockname()[1]
             return bound
     raise ServerUnavailable("no free loopback port")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports (see ``free_port``)."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
 
 
 def _dying_with_parent(command: list[str]) -> list[str]:
@@ -104,7 +112,7 @@ class Server(abc.ABC):
     def __init__(self, root: Path | None = None) -> None:
         """``root``: the directory for the server's files, made if missing; by default
         a new temporary one. ``close()`` removes it if the server made it."""
-        self.port = _free_port()
+        self.port = free_port()
         if root is None:
             root = Path(tempfile.mkdtemp(prefix=f"tierlock-{self.name}-"))
             root.chmod(0o755)
