@@ -113,7 +113,11 @@ def test_a_key_hot_elsewhere_fails_tries_from_memory_until_released_here(
     make_manager: MakeManager,
     key: str,
     driver_statements: DriverStatements,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # (Milliseconds each, which a thread's start may take on a busy machine.)
+    monkeypatch.setattr(cohorts, "CONTENTION_MEMORY", procs.WAIT_LIMIT)
+    monkeypatch.setattr(cohorts, "HOT_MEMORY", procs.WAIT_LIMIT)
     holder, trier = make_manager(), make_manager()
     held = holder.lock(key)
     assert held.acquire()
