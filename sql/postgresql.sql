@@ -14,7 +14,7 @@
 -- acquired_at  when the hold began (the database's clock)
 -- expires_at   when the lease ends (the database's clock); the reaper's index
 -- lease        seconds the holder's heartbeat renews the row by; NULL: a fixed lease
--- host_id, proc_start   the holder's host (boot id and pid namespace) and process
+-- host_id, proc_start   the holder's host (boot id, pid and time namespaces) and process
 --              start time: a waiter on that host takes the row over at once once the
 --              process is proven gone
 -- mode         NULL for an exclusive hold; 'shared' for a reader's row, kept under

@@ -184,6 +184,16 @@ def key() -> str:
     return f"key:{uuid.uuid4().hex}"
 
 
+# For tests of what the SQL engines do alike, on the embedded one and both servers.
+SQL_DATABASES = pytest.mark.parametrize(
+    "db",
+    [
+        "sqlite",
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+    ],
+    indirect=True,
+)
 # For tests of what only a server shows (a network to lose, a session to end).
 SERVERS = pytest.mark.parametrize(
     "db",

@@ -181,11 +181,11 @@ class LockMachine(RuleBasedStateMachine):
             self.workers[worker].run(lock.release)  # an inner release never asks the table
             return
         del self.holds[key][worker]
-        if hold.row == LOST:
+        if hold.row == LIVE:
+            self.workers[worker].run(lock.release)
+        else:  # (an expired row, still its own, goes with it)
             with pytest.raises(tierlock.LockLostError):
                 self.workers[worker].run(lock.release)
-        else:
-            self.workers[worker].run(lock.release)  # its own row, over or not
 
     @rule(worker=st.integers(0, WORKERS - 1), key=st.integers(0, KEYS - 1))
     def extend(self, worker: int, key: int) -> None:
@@ -194,7 +194,7 @@ class LockMachine(RuleBasedStateMachine):
         if hold is None:
             with pytest.raises(tierlock.NotHeldError):
                 self.workers[worker].run(lock.extend)
-        elif hold.row == LOST:
+        elif hold.row != LIVE:  # (a lease that ran out is never revived)
             with pytest.raises(tierlock.LockLostError):
                 self.workers[worker].run(lock.extend)
             hold.lease_ended = True  # now its thread knows

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from .keys import KeyLike
@@ -142,7 +141,7 @@ class Semaphore(Handle):
     def owned(self) -> bool:
         """Whether the calling thread holds a permit whose lease surely still runs."""
         hold = self._manager._permits.latest(self._key)
-        return hold is not None and not hold.lost and time.monotonic() < hold.live_until
+        return hold is not None and hold.alive()
 
     @property
     def token(self) -> int | None:

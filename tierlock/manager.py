@@ -77,8 +77,9 @@ class LockManager(ManagerBase):
         for about ``ttl``; holds pass between the manager's threads with no statement.
         ``False``: a hold's lease ends ``ttl`` after its acquire unless ``extend()``-ed.
     :param on_lost: ``on_lost(key, token)``, called once, in a tierlock thread, when
-        the manager learns that a hold was lost (its lease ended before a renewal or
-        release reached the database); it must not block, and what it raises is logged.
+        the manager learns that a hold was lost: at the moment its lease runs out with
+        no renewal, hand-off or extend having confirmed it (fixed leases too), or when
+        one of those finds its row gone; it must not block, and what it raises is logged.
     :param create_table: create the table if it does not exist.
     :param reaper_interval: seconds between passes of the background job that deletes
         expired rows (default 60); ``None`` does not start it.

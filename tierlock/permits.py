@@ -81,8 +81,7 @@ class Permits:
             self._holds(key).append(hold)
             with self._mutex:
                 self._held[key] = self._held.get(key, 0) + 1
-            if hold.lease is not None:
-                tiers.heartbeat.add(hold)
+            tiers.heartbeat.add(hold)
             tiers.counters.acquired(key, 0.0)
             return True
         finally:
@@ -148,7 +147,7 @@ class Permits:
         if taken is None:
             return None
         row, token = taken
-        return Hold(row, owner, token, ttl, renew, sent + ttl, reporting(key, on_lost))
+        return Hold(row, owner, token, ttl, renew, sent, reporting(key, on_lost))
 
     def _discard(self, key: str, permits: int, owner_id: str, *, certain: bool) -> None:
         """An interrupted try may have taken any slot: sweep each for ``owner_id``."""
@@ -164,9 +163,9 @@ class Permits:
         tiers.counters.add("releases")
         tiers.heartbeat.remove(hold)
         try:
-            released = not hold.lost and tiers.backend.release(
-                hold.key, hold.owner_id, hold.live_until
-            )
+            # (a hold out of lease is lost; its row, if still ours, goes too)
+            believed = hold.alive()
+            released = tiers.backend.release(hold.key, hold.owner_id, hold.live_until) and believed
         finally:
             with self._mutex:
                 self._held[key] -= 1
@@ -193,17 +192,18 @@ class Permits:
             raise NotHeldError(key)
         tiers = self._tiers
         for each in self._holds(key):
-            if each.lost:
+            if not each.alive():
+                tiers.heartbeat.lost(
+                    each, "its lease ran out before it could be extended", sweep=False
+                )
                 raise LockLostError(key, each.token)
             lease = None if each.lease is None else ttl
             sent = time.monotonic()
             if not tiers.backend.extend(each.key, each.owner_id, ttl, lease):
                 tiers.heartbeat.lost(each, "its row was gone before it could be extended")
                 raise LockLostError(key, each.token)
-            each.live_until, each.ttl = sent + ttl, ttl
-            if lease is not None:
-                each.lease = lease
-                tiers.heartbeat.add(each)
+            if not tiers.heartbeat.extended(each, sent, ttl):
+                raise LockLostError(key, each.token)
 
     def close(self) -> None:
         """Wake every waiting thread, to find the manager closed."""

@@ -166,6 +166,8 @@ class Readers:
         while True:
             self._tiers.check_open(key)
             hold = entry.hold
+            if hold is not None and not hold.alive():
+                entry.closed = True  # (its readers drain; the next asks the backend)
             if hold is not None and not hold.lost and not entry.closed:
                 if time.monotonic() - entry.open_at < JOIN_WINDOW:
                     entry.readers += 1
@@ -236,7 +238,7 @@ class Readers:
                     entry.tries += 1
                     entry.changed.notify_all()
                 return None
-            hold = Hold(reader_key(key, owner.owner_id), owner, share.token, ttl, renew, sent + ttl)
+            hold = Hold(reader_key(key, owner.owner_id), owner, share.token, ttl, renew, sent)
             hold.on_lost = reporting(key, on_lost)
             return hold, share.group
 
@@ -260,15 +262,14 @@ class Readers:
         entry.open_at = time.monotonic()
         entry.closed = False
         entry.readers += 1
-        if hold.lease is not None:
-            self._tiers.heartbeat.add(hold)
+        self._tiers.heartbeat.add(hold)
 
     def _give_back(self, key: str, hold: Hold, group: int) -> bool:
         """Release the process's read hold ``hold`` in the backend; ``False`` if lost."""
         self._tiers.heartbeat.remove(hold)
-        if hold.lost:
-            return False
-        return self._shared(key).unshare(key, hold.owner_id, group, hold.live_until)
+        # (a hold out of lease is lost; its row, if still ours, goes too)
+        believed = hold.alive()
+        return self._shared(key).unshare(key, hold.owner_id, group, hold.live_until) and believed
 
     def _drop_if_unused(self, key: str, entry: _Key) -> None:
         if entry.unused and self._keys.get(key) is entry:
@@ -360,7 +361,7 @@ class Readers:
             tiers.heartbeat.lost(hold, "its row was gone before it became a read hold")
             raise LockLostError(key, hold.token)
         row = reader_key(key, reader.owner_id)
-        mine = Hold(row, reader, share.token, read.ttl, read.renew, sent + read.ttl)
+        mine = Hold(row, reader, share.token, read.ttl, read.renew, sent)
         mine.on_lost = reporting(key, read.on_lost)
         with self._mutex:
             entry = self._keys.get(key)
@@ -387,7 +388,7 @@ class Readers:
         hold = held[1]
         if hold is None:
             return self._tiers.owned(key)
-        return not hold.lost and time.monotonic() < hold.live_until
+        return hold.alive()
 
     def token(self, key: str) -> int | None:
         held = self._hold(key)
@@ -404,17 +405,18 @@ class Readers:
         if hold is None:
             self._tiers.extend(key, ttl)  # (the write hold covers the read hold)
             return
-        if hold.lost or read.lost:
+        if read.lost or not hold.alive():
+            self._tiers.heartbeat.lost(
+                hold, "its lease ran out before it could be extended", sweep=False
+            )
             raise LockLostError(key, hold.token)
         lease = None if hold.lease is None else ttl
         sent = time.monotonic()
         if not self._shared(key).extend(key, hold.owner_id, ttl, lease):
             self._tiers.heartbeat.lost(hold, "its row was gone before it could be extended")
             raise LockLostError(key, hold.token)
-        hold.live_until, hold.ttl = sent + ttl, ttl
-        if lease is not None:
-            hold.lease = lease
-            self._tiers.heartbeat.add(hold)
+        if not self._tiers.heartbeat.extended(hold, sent, ttl):
+            raise LockLostError(key, hold.token)
 
     def close(self) -> None:
         """Wake every waiting thread, to find the manager closed."""

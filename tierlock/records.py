@@ -9,17 +9,29 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import NamedTuple
 
 from . import process
 
-__all__ = ["Hold", "LockInfo", "Owner"]
+__all__ = ["DRIFT", "Hold", "LockInfo", "Owner", "lease_end"]
 
 # Host and thread names are stored in VARCHAR(255) columns; longer ones are cut here
 # rather than refused by the server, since they only describe the holder.
 MAX_LABEL_LENGTH = 255
+
+# Two machines' clocks may disagree on how fast time passes, though not by much: NTP
+# slews a clock by at most 500 ppm. A holder believes in a lease for this share less
+# than its length.
+DRIFT = 0.001
+
+
+def lease_end(sent: float, length: float) -> float:
+    """The ``time.monotonic()`` reading before which a lease of ``length`` seconds, set
+    by a statement sent at ``sent``, surely has not ended by the store's clock."""
+    return sent + length * (1 - DRIFT)
 
 
 def _label(name: str) -> str:
@@ -112,9 +124,13 @@ class Hold:
 
     ``token`` is the fencing token of the thread holding it now: a hand-off adds one, in
     memory, and counts in ``handoffs``. ``live_until`` is a ``time.monotonic()``
-    reading before which the lease surely has not ended: the lease was set (or
-    renewed) to ``lease`` from a moment after the request was sent, and clocks may
-    disagree on the time but not on how fast it passes. ``recorded`` is false while
+    reading before which the lease surely has not ended (see ``lease_end``): the lease
+    was set (or renewed) to ``lease`` from a moment after the statement was sent at
+    ``confirmed``, the last time the store proved the row ours; clocks may disagree on
+    the time but hardly on how fast it passes. Belief in the hold ends at
+    ``live_until`` (``alive``), or earlier when it is found ``lost``. ``version`` counts
+    changes of the lease made by other threads than the heartbeat's, so that a renewal
+    in flight never writes an older lease over a newer one. ``recorded`` is false while
     the row still names an earlier holder thread or hand-off count; the heartbeat
     writes the change. A hold released while threads of the process want its key may be
     *kept* for a moment (``keep_until``) for the next of them.
@@ -123,6 +139,7 @@ class Hold:
     __slots__ = (
         "cohort",
         "cohort_began",
+        "confirmed",
         "contended",
         "handoffs",
         "holder",
@@ -137,6 +154,7 @@ class Hold:
         "ring",
         "token",
         "ttl",
+        "version",
     )
 
     def __init__(
@@ -146,7 +164,7 @@ class Hold:
         token: int,
         ttl: float,
         renew: bool,
-        live_until: float,
+        sent: float,
         on_lost: Callable[[str, int], None] | None = None,
         *,
         contended: bool = False,
@@ -159,7 +177,9 @@ class Hold:
         self.handoffs = 0  # hand-offs of the row so far, each adding one to the token
         self.ttl = ttl  # the lease its holder asked for
         self.lease: float | None = ttl if renew else None  # the row's renewal (None: fixed)
-        self.live_until = live_until
+        self.confirmed = sent
+        self.live_until = lease_end(sent, ttl)
+        self.version = 0
         self.on_lost = on_lost
         self.contended = contended  # another process held the key when it was won
         self.ring = ring  # wakes pollers elsewhere once the row is released (Doorbell.keep)
@@ -168,6 +188,10 @@ class Hold:
         self.cohort = 0  # hand-offs in a row within this process (lock cohorting)
         self.cohort_began = 0.0
         self.keep_until = 0.0  # released, kept for the process's threads until then
+
+    def alive(self) -> bool:
+        """Whether its holder may still believe in it: not lost, and its lease surely runs."""
+        return not self.lost and time.monotonic() < self.live_until
 
 
 @dataclasses.dataclass(frozen=True)

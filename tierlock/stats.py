@@ -30,13 +30,18 @@ class LockStats:
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours
     local_handoffs: int = 0  #: holds passed to a local waiter with no statement at all
-    handoffs: int = 0  #: holds passed to a local waiter with one UPDATE (a fixed lease)
+    #: holds passed to a local waiter with one UPDATE: a fixed lease, or a renewed one
+    #: last proved ours over ``tiers.CONFIRMED_WITHIN`` ago
+    handoffs: int = 0
     reclaims: int = 0  #: rows of holder processes proven gone, taken over before their lease
     releases: int = 0  #: successful ``release()`` calls, reentrant ones included
     heartbeats: int = 0  #: renewal statements the heartbeat sent
     renewals: int = 0  #: holds renewed (one heartbeat statement renews many)
     failed_renewals: int = 0  #: renewals that could not reach the database (retried soon)
-    lost_holds: int = 0  #: holds found lost: by a renewal, a release or an extend
+    heartbeat_errors: int = 0  #: beats that failed unexpectedly (logged; the next one runs)
+    #: holds found lost: their lease ran out unconfirmed, or a renewal, hand-off,
+    #: release or extend found their row gone
+    lost_holds: int = 0
     reaped: int = 0  #: expired rows deleted by ``reap()`` and the reaper
 
 

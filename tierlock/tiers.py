@@ -35,7 +35,7 @@ from .local import Registry, Waiter
 from .records import Hold, Owner
 from .stats import Counters
 
-__all__ = ["FIRST_POLL", "OnLost", "Tiers", "pass_locally", "passes_locally"]
+__all__ = ["CONFIRMED_WITHIN", "FIRST_POLL", "OnLost", "Tiers", "pass_locally", "passes_locally"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ OnLost = Callable[[str, int], None]
 # poller whose doorbell wakes it in turn pauses the poll interval after every try the
 # doorbell was armed for: its ring, not the clock, says when to try again.
 FIRST_POLL = 0.002
+# A hold passes between threads in memory only within this many seconds of the last
+# statement that proved its row ours (an acquire, a renewal, a hand-off's UPDATE); after
+# that, the next hand-off sends its UPDATE, which finds a row deleted or taken over. So
+# no section begins, believing it holds the key, later than this after another process
+# took the row (by force_release or a takeover); at one UPDATE per hot key per period.
+CONFIRMED_WITHIN = 0.1
 
 
 class Request:
@@ -72,8 +78,15 @@ class Asking(Protocol):
 
 def passes_locally(hold: Hold, request: Asking) -> bool:
     """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
-    both renew their leases, and the lease surely runs."""
-    return hold.lease is not None and request.renew and time.monotonic() < hold.live_until
+    both renew their leases, the lease surely runs, and a statement proved the row ours
+    within ``CONFIRMED_WITHIN`` (else the hand-off's own statement proves it)."""
+    now = time.monotonic()
+    return (
+        hold.lease is not None
+        and request.renew
+        and now < hold.live_until
+        and now - hold.confirmed < CONFIRMED_WITHIN
+    )
 
 
 def pass_locally(hold: Hold, request: Asking) -> None:
@@ -135,7 +148,7 @@ class Tiers:
     def owned(self, key: str) -> bool:
         """Whether the calling thread holds ``key`` with a lease that surely still runs."""
         hold = self.registry.hold(key)
-        return hold is not None and not hold.lost and time.monotonic() < hold.live_until
+        return hold is not None and hold.alive()
 
     def token(self, key: str) -> int | None:
         hold = self.registry.hold(key)
@@ -178,8 +191,7 @@ class Tiers:
                     return False
                 self.cohorts.won(key)
                 registry.settle(key, hold)
-                if hold.lease is not None:
-                    self.heartbeat.add(hold)
+                self.heartbeat.add(hold)
                 logger.debug("acquired %r (token %d, owner %s)", key, hold.token, owner_id)
         except BaseException as exc:
             # An interrupt may have come at any point: after a statement was sent, or
@@ -274,7 +286,7 @@ class Tiers:
                         token,
                         ttl,
                         request.renew,
-                        sent + ttl,
+                        sent,
                         request.on_lost,
                         contended=missed,
                         ring=ring,
@@ -321,13 +333,13 @@ class Tiers:
                 continue  # the successor left at the last moment: pass it on in turn
             handed: Hold | None = None
             try:
-                if hold.lost:
-                    released = False
-                elif cohort and successor is not None:
+                if cohort and successor is not None:
                     handed = self._hand_off(key, hold, successor.request)
                     released = handed is not None
                 else:
-                    released = self._give_back(hold, successor)
+                    # (a hold out of lease is lost; its row, if still ours, goes too)
+                    believed = hold.alive()
+                    released = self._give_back(hold, successor) and believed
             except LockError:
                 # Whether the row is still ours is unknown: make sure it goes.
                 self.heartbeat.remove(hold)
@@ -363,8 +375,9 @@ class Tiers:
         cannot confirm, the hold passes all the same (the row is ours either way), with
         the lease it surely has."""
         lease = request.ttl if request.renew else None
+        heartbeat = self.heartbeat
         if lease is None:
-            self.heartbeat.remove(hold)
+            heartbeat.remove(hold)
         sent = time.monotonic()
         try:
             passed = self.backend.handoff(
@@ -372,18 +385,19 @@ class Tiers:
             )
         except LockError as exc:
             logger.warning("lock %r passed without its new lease recorded: %s", key, exc)
-            self.heartbeat.remove(hold)
+            heartbeat.remove(hold)
             pass_locally(hold, request)
             hold.lease = None  # whatever the row says, nothing renews it now
+            heartbeat.add(hold)  # (its belief ends with the lease it surely has)
             return hold
         if not passed:
             return None
         pass_locally(hold, request)
         hold.recorded = True
         hold.lease = lease
-        hold.live_until = sent + request.ttl
-        if lease is not None:
-            self.heartbeat.add(hold)
+        if not heartbeat.confirm(hold, sent, request.ttl):
+            return None  # (its belief ended meanwhile: the lease clock reports it)
+        heartbeat.add(hold)
         self.counters.add("handoffs")
         return hold
 
@@ -393,18 +407,15 @@ class Tiers:
         hold = self.registry.hold(key)
         if hold is None:
             raise NotHeldError(key)
-        if hold.lost:
-            raise LockLostError(key, hold.token)
+        if not hold.alive():
+            self._lost(hold, "it could be extended")
         # A renewed hold keeps being renewed, by the new length from now on.
         lease = None if hold.lease is None else ttl
         sent = time.monotonic()
         if not self.backend.extend(key, hold.owner_id, ttl, lease):
             self._lost(hold, "it could be extended")
-        hold.live_until = sent + ttl
-        hold.ttl = ttl
-        if lease is not None:
-            hold.lease = lease
-            self.heartbeat.add(hold)  # (its next beat may now be due sooner)
+        if not self.heartbeat.extended(hold, sent, ttl):
+            raise LockLostError(key, hold.token)  # (its belief ended meanwhile)
         logger.debug("extended %r by %g s (token %d)", key, ttl, hold.token)
 
     def _lost(self, hold: Hold, before: str) -> NoReturn:

@@ -17,6 +17,13 @@ they wait on futures in the loop, and only the one poller of a key calls the bac
 A call that may change a row runs to its end even if the task awaiting it is
 cancelled: its outcome is then undone in the thread (``call(..., undo=)``), so a
 cancellation never leaves a row that nobody will release.
+
+A forked child gets a copy of the manager, of its tasks and of its event loop, but not
+its threads; the rows are the parent's. So in a child the core refuses every call,
+pause and task, and skips every undo, and the tiers refuse before they change anything:
+nothing the child does (a release, the cancelled tasks of ``asyncio.run``'s teardown, a
+garbage collection) reaches the database or passes a hold to another task (see
+``AsyncLockManager``).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ STATEMENT_THREADS = 4
 # being polled at once, up to this many, after which pauses wait their turn.
 DOORBELL_THREADS = 8
 
+INHERITED = "this AsyncLockManager was made in another process; make a new one in this process"
+
 
 class Core:
     """One async manager's backend, executors, heartbeat and background tasks."""
@@ -68,11 +77,27 @@ class Core:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    @property
+    def inherited(self) -> bool:
+        """Whether this process is a forked child of the one that made the manager."""
+        return os.getpid() != self._pid
+
+    def check_process(self, key: str | None = None) -> None:
+        """:raises LockError: in a forked child, which may not use the manager."""
+        if self.inherited:
+            raise LockError(INHERITED, key)
+
     def check_open(self, key: str | None = None) -> None:
+        self.check_process(key)
         if self.closed:
             raise LockError("this AsyncLockManager is closed", key)
-        if os.getpid() != self._pid:
-            raise LockError("this AsyncLockManager was made in another process", key)
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's holds and heartbeat threads, which
+        are gone. The executors are left as they are, never used nor shut down here (a
+        mutex of theirs may have been held at the fork, and their queues may hold the
+        parent's statements)."""
+        self.heartbeat.forget()
 
     async def call(
         self, function: Callable[..., T], *args: Any, undo: Callable[[], None] | None = None
@@ -80,6 +105,7 @@ class Core:
         """``function(*args)`` in a statement thread. With ``undo``, the call is finished
         even if the awaiting task is cancelled, and ``undo()`` then runs after it in a
         statement thread, whatever it returned or raised."""
+        self.check_process()
         future = self._statements.submit(function, *args)
         if undo is None:
             return await asyncio.wrap_future(future)
@@ -90,6 +116,9 @@ class Core:
             raise
 
     def _undo(self, undo: Callable[[], None]) -> None:
+        if self.inherited:  # a forked child's copy of the call: the parent undoes its own
+            return
+
         def run() -> None:
             try:
                 undo()
@@ -103,11 +132,15 @@ class Core:
 
     async def pause(self, doorbell: Doorbell, seconds: float, deadline: float | None) -> bool:
         """``doorbell.pause`` in a doorbell thread (see ``Doorbell.pause``)."""
+        self.check_process()
         return await asyncio.wrap_future(self._bells.submit(doorbell.pause, seconds, deadline))
 
     def spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run ``work`` as a task of the manager's: no caller's cancellation reaches it,
-        and ``aclose`` waits for it."""
+        and ``aclose`` waits for it. In a forked child, ``work`` is closed unstarted."""
+        if self.inherited:
+            work.close()
+            raise LockError(INHERITED)
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._finished)

@@ -76,6 +76,7 @@ class Exclusive:
     # -- what a task holds -----------------------------------------------------------
 
     def _held(self, key: str) -> _Key | None:
+        self._core.check_process(key)
         entry = self._keys.get(key)
         if entry is None or entry.holder is not asyncio.current_task():
             return None
@@ -97,7 +98,7 @@ class Exclusive:
 
     def owned(self, key: str) -> bool:
         hold = self.hold(key)
-        return hold is not None and not hold.lost and time.monotonic() < hold.live_until
+        return hold is not None and hold.alive()
 
     # -- acquire ---------------------------------------------------------------------
 
@@ -236,14 +237,13 @@ class Exclusive:
             return None
         token, ring = won
         on_lost = waiter.on_lost
-        return Hold(key, owner, token, ttl, renew, sent + ttl, on_lost, contended=missed, ring=ring)
+        return Hold(key, owner, token, ttl, renew, sent, on_lost, contended=missed, ring=ring)
 
     def _won(self, key: str, entry: _Key, hold: Hold) -> None:
         """The poller won ``key``'s row: give it to the head of the queue, which may
         have changed during the try, or back."""
         core = self._core
-        if hold.lease is not None:
-            core.heartbeat.add(hold)
+        core.heartbeat.add(hold)
         waiter = entry.head()
         if waiter is not None and not core.closed:
             if waiter.owner is hold.holder:
@@ -274,6 +274,7 @@ class Exclusive:
         """Let go of the calling task's hold of ``key`` (its last level): to the head
         of the queue at once if it may pass with no statement, else in a task of the
         manager's, which is returned."""
+        self._core.check_process(key)
         entry = self._keys[key]
         hold = entry.hold
         assert hold is not None
@@ -325,8 +326,10 @@ class Exclusive:
         backend = core.backend
         core.heartbeat.remove(hold)
         try:
-            given = not hold.lost and await core.call(
-                backend.release, key, hold.owner_id, hold.live_until
+            # (a lost hold's row, if still ours, goes too)
+            given = (
+                await core.call(backend.release, key, hold.owner_id, hold.live_until)
+                and not hold.lost
             )
         except LockError:
             await core.call(functools.partial(backend.discard, certain=True), key, hold.owner_id)

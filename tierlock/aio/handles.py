@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import abc
 import logging
-import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -41,6 +40,7 @@ class AsyncHandle(Options, abc.ABC):
     def _hold_options(self, blocking: bool, timeout: float | None) -> tuple[Any, float | None]:
         """``on_lost`` as tier 1 calls it (in a thread), and the seconds to wait."""
         on_lost, wait = self._options(blocking, timeout)
+        self._manager._core.check_process(self._key)
         return self._manager._reporter(on_lost), wait
 
     async def __aenter__(self: H) -> H:
@@ -71,7 +71,7 @@ class AsyncHandle(Options, abc.ABC):
 
 
 def _live(hold: Hold | None) -> bool:
-    return hold is not None and not hold.lost and time.monotonic() < hold.live_until
+    return hold is not None and hold.alive()
 
 
 class AsyncLock(AsyncHandle):

@@ -6,6 +6,8 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -38,6 +40,16 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: coroutine function, run as a task in the manager's event loop.
 AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
 
+_managers: weakref.WeakSet[AsyncLockManager] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for manager in list(_managers):
+        manager._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class AsyncLockManager(ManagerBase):
     """Distributed locks kept in a database table, for asyncio tasks::
@@ -55,6 +67,14 @@ class AsyncLockManager(ManagerBase):
 
     Making one opens the database (and creates the table) at once, so make it once,
     at start-up; close it with ``await locks.aclose()`` or ``async with``.
+
+    A manager belongs to the process that made it, as its event loop does: a forked
+    child makes its own. In a child, every call of an inherited manager and of its
+    handles raises ``LockError`` at once and sends nothing, whether the child's own
+    code, ``asyncio.run``'s teardown or a garbage collection calls it: the parent's
+    holds stay the parent's, and a release in the child never gives them away. Only
+    ``aclose()`` returns quietly there, having done nothing (the parent closes what it
+    opened), so that ``async with`` and shutdown code still let the child exit.
 
     :param on_lost: as ``LockManager``'s, and may also be a coroutine function, which
         then runs as a task of the event loop the hold was taken in.
@@ -89,6 +109,7 @@ class AsyncLockManager(ManagerBase):
         self._core = Core(self._backend, self._counters, self.poll_interval, self.ttl / 3)
         self._exclusive = Exclusive(self._core)
         self._shares = Shares(self._core, self._exclusive)
+        _managers.add(self)
         self._start_reaper()
 
     # -- handles ---------------------------------------------------------------------
@@ -183,7 +204,7 @@ class AsyncLockManager(ManagerBase):
         return decorate
 
     def _reporter(self, on_lost: Any) -> OnLost | None:
-        """``on_lost`` as the heartbeat's thread calls it: a coroutine function's runs
+        """``on_lost`` as the lease clock's thread calls it: a coroutine function's runs
         as a task of the calling task's event loop."""
         if on_lost is None or not inspect.iscoroutinefunction(on_lost):
             return cast("OnLost | None", on_lost)
@@ -217,10 +238,11 @@ class AsyncLockManager(ManagerBase):
         """Send waiting tasks away with ``LockError``, finish the manager's own tasks,
         stop the reaper and close every connection; closing again does nothing.
 
-        Holds still open are not released: their rows expire with their leases.
+        Holds still open are not released: their rows expire with their leases. In a
+        forked child, closing an inherited manager does nothing.
         """
         core = self._core
-        if core.closed:
+        if core.closed or core.inherited:
             return
         core.closed = True
         self._exclusive.close()
@@ -234,7 +256,17 @@ class AsyncLockManager(ManagerBase):
         self._backend.close()
 
     async def __aenter__(self) -> AsyncLockManager:
+        self._core.check_process()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def _after_fork(self) -> None:
+        """In a forked child, which may not use the manager: count afresh, and drop the
+        parent's heartbeat, reaper and connections without joining or closing them
+        (the backend's ``after_fork`` also gives SQLite a fork gate of the child's)."""
+        self._counters.reset()
+        self._core.after_fork()
+        self._reaper.forget()
+        self._backend.after_fork()

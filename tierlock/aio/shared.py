@@ -68,6 +68,7 @@ class Shares:
         self._held: dict[tuple[str, asyncio.Task[object], bool], _Held] = {}
 
     def _mine(self, key: str, permits: bool = False) -> _Held | None:
+        self._core.check_process(key)
         return self._held.get((key, current_task(), permits))
 
     def _shared(self, key: str) -> SharedHolds:
@@ -168,9 +169,8 @@ class Shares:
             del self._held[(key, current_task(), False)]
             core.heartbeat.lost(hold, "its row was gone before it became a read hold")
             raise LockLostError(key, hold.token)
-        mine = Hold(row, reader, share.token, ttl, renew, sent + ttl, reporting(key, on_lost))
-        if mine.lease is not None:
-            core.heartbeat.add(mine)
+        mine = Hold(row, reader, share.token, ttl, renew, sent, reporting(key, on_lost))
+        core.heartbeat.add(mine)
         held.holds.append((mine, share.group))
         held.covered = False
 
@@ -198,6 +198,7 @@ class Shares:
         return True
 
     async def give_permit(self, key: str) -> None:
+        self._core.check_process(key)
         task = current_task()
         held = self._held.get((key, task, True))
         if held is None or not held.holds:
@@ -313,7 +314,7 @@ class Shares:
             await core.call(sweep)
             waiter.fail(exc)
             return None
-        if got is not None and got[0].lease is not None:
+        if got is not None:
             core.heartbeat.add(got[0])
         return got
 
@@ -340,13 +341,13 @@ class Shares:
                 if taken is None:
                     return None
                 slot, token = taken
-                hold, group = Hold(slot, owner, token, ttl, renew, sent + ttl, on_lost), 0
+                hold, group = Hold(slot, owner, token, ttl, renew, sent, on_lost), 0
             else:
                 share = shared.try_share(key, owner, ttl, lease, limit)
                 if share is None:
                     return None
                 row = reader_key(key, owner.owner_id)
-                hold = Hold(row, owner, share.token, ttl, renew, sent + ttl, on_lost)
+                hold = Hold(row, owner, share.token, ttl, renew, sent, on_lost)
                 group = share.group
             return hold, group
 
@@ -373,15 +374,14 @@ class Shares:
         hold, group = got
         core = self._core
         core.heartbeat.remove(hold)
-        if hold.lost:
-            raise LockLostError(key, hold.token)
+        # (a lost hold's row, if still ours, goes too)
         if group:
             done = await core.call(
                 self._shared(key).unshare, key, hold.owner_id, group, hold.live_until
             )
         else:
             done = await core.call(core.backend.release, hold.key, hold.owner_id, hold.live_until)
-        if not done:
+        if not done or hold.lost:
             core.heartbeat.lost(hold, "its row was gone before its release", sweep=False)
             raise LockLostError(key, hold.token)
 

@@ -86,7 +86,5 @@ async def extend_hold(core: Core, hold: Hold, key: str, ttl: float) -> None:
     if not await core.call(core.backend.extend, hold.key, hold.owner_id, ttl, lease):
         core.heartbeat.lost(hold, "its row was gone before it could be extended")
         raise LockLostError(key, hold.token)
-    hold.live_until, hold.ttl = sent + ttl, ttl
-    if lease is not None:
-        hold.lease = lease
-        core.heartbeat.add(hold)
+    if not core.heartbeat.extended(hold, sent, ttl):
+        raise LockLostError(key, hold.token)
