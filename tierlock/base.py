@@ -4,6 +4,8 @@ reaper; the managers themselves are ``LockManager`` and ``tierlock.aio.AsyncLock
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from typing import TYPE_CHECKING
 
 from .backends import LockBackend, open_backend
@@ -40,6 +42,22 @@ DEFAULT_REAPER_INTERVAL = 60.0
 DEFAULT_POLL_INTERVAL = 0.1
 # How long one operation may keep failing to reach the database before BackendError.
 DEFAULT_DATABASE_TIMEOUT = 20.0
+
+
+_managers: weakref.WeakSet[ManagerBase] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child holds nothing its parent held: every manager forgets its holds
+    (one that fails to must not leave the others with their parent's)."""
+    for manager in list(_managers):
+        try:
+            manager._after_fork()
+        except Exception:
+            logger.exception("resetting %r in a forked child failed", manager)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ManagerBase:
@@ -80,6 +98,11 @@ class ManagerBase:
         #: The database's URL, with any password hidden.
         self.url: str = self._backend.location
         self._reaper = Reaper(self._reap)
+        _managers.add(self)
+
+    def _after_fork(self) -> None:
+        """Start afresh in a forked child (see ``_after_fork_in_child``)."""
+        raise NotImplementedError
 
     def _start_reaper(self) -> None:
         """Start the reaper if the manager was made with an interval for it."""

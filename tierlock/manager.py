@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,16 +33,6 @@ __all__ = ["LockManager"]
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for manager in list(_managers):
-        manager._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LockManager(ManagerBase):
@@ -127,7 +115,6 @@ class LockManager(ManagerBase):
         )
         self._reads = Readers(self._tiers)
         self._permits = Permits(self._tiers)
-        _managers.add(self)
         self._start_reaper()
 
     # -- handles ---------------------------------------------------------------

@@ -6,8 +6,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import os
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -39,16 +37,6 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: ``on_lost(key, token)``: a plain function, called in a tierlock thread, or a
 #: coroutine function, run as a task in the manager's event loop.
 AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
-
-_managers: weakref.WeakSet[AsyncLockManager] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for manager in list(_managers):
-        manager._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class AsyncLockManager(ManagerBase):
@@ -109,7 +97,6 @@ class AsyncLockManager(ManagerBase):
         self._core = Core(self._backend, self._counters, self.poll_interval, self.ttl / 3)
         self._exclusive = Exclusive(self._core)
         self._shares = Shares(self._core, self._exclusive)
-        _managers.add(self)
         self._start_reaper()
 
     # -- handles ---------------------------------------------------------------------
