@@ -17,9 +17,15 @@ import pytest
 from conftest import SERVERS, SQL_DATABASES, MakeManager
 from polling import wait_until
 from proxy import Proxy
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.backends.sql.notify import channel_name
 from tierlock.tiers import CONFIRMED_WITHIN
+
+# Whether a session of the server runs (or last ran) the given LISTEN.
+LISTENING = text("SELECT count(*) FROM pg_stat_activity WHERE query = :query")
 
 # How long the heartbeat races hand-offs between renewed and fixed leases.
 RACE_TIME = 60.0
@@ -289,6 +295,33 @@ def test_force_release_is_noticed_at_the_next_renewal(make_manager: MakeManager,
     released = time.monotonic()
     assert told.wait(procs.WAIT_LIMIT)
     assert time.monotonic() - released < ttl / 3 + SCHEDULING_SLACK
+    assert not lock.owned()
+    with pytest.raises(tierlock.LockLostError):
+        lock.release()
+
+
+@pytest.mark.parametrize(
+    "db", [pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+def test_force_release_reaches_a_postgresql_holder_at_once(
+    make_manager: MakeManager, engine: Engine, table: str, key: str
+) -> None:
+    """PostgreSQL announces a forced release: the holder's process renews at once and
+    learns that its row is gone, long before its next renewal (a third of 30 s)."""
+    told = threading.Event()
+    manager, admin = make_manager(ttl=30.0, on_lost=lambda *_: told.set()), make_manager()
+    lock = manager.lock(key)
+    assert lock.acquire()
+    listen = f"LISTEN {channel_name(table)}"
+    with engine.connect() as connection:
+        wait_until(
+            lambda: connection.execute(LISTENING, {"query": listen}).scalar_one() > 0,
+            "the holder's process to listen",
+        )
+    assert admin.force_release(key)
+    released = time.monotonic()
+    assert told.wait(procs.WAIT_LIMIT)
+    assert time.monotonic() - released < SCHEDULING_SLACK
     assert not lock.owned()
     with pytest.raises(tierlock.LockLostError):
         lock.release()

@@ -82,6 +82,8 @@ class Heartbeat:
         self._clock: threading.Thread | None = None
         self._beat_at = float("inf")
         self._lapse_at = float("inf")
+        self._beat_now = False  # a renewal is due at once: a row may have been taken
+        self._watching = False  # whether the backend tells of forced releases
         self._stopped = False
 
     # -- what the heartbeat and the clock watch ---------------------------------------
@@ -100,6 +102,9 @@ class Heartbeat:
                 return
             self._renewed[owner_id] = hold
             self._heartbeat = self._started(self._heartbeat, self._beat_loop, "tierlock-heartbeat")
+            if not self._watching:
+                self._watching = True
+                self._backend.watch_forced(self._forced)
             if self._due(hold) < self._beat_at:
                 self._beat_due.notify()
 
@@ -144,6 +149,14 @@ class Heartbeat:
                 return
             self._mark_lost(hold)
         self._report(hold, why, sweep)
+
+    def _forced(self, key: str) -> None:
+        """Another process force-released ``key``: renew at once, which finds out which
+        of the holds of ``key`` are gone (a hold taken after the release is not)."""
+        with self._beat_due:
+            if any(user_key(hold.key) == key for hold in self._renewed.values()):
+                self._beat_now = True
+                self._beat_due.notify()
 
     def _mark_lost(self, hold: Hold) -> None:
         """(With the mutex held.)"""
@@ -236,11 +249,12 @@ class Heartbeat:
                     now = time.monotonic()
                     renewed = self._renewed.values()
                     due = min(map(self._due, renewed), default=now + self._idle_period)
-                    if due <= now:
+                    if due <= now or self._beat_now:
                         break
                     self._beat_at = due
                     self._beat_due.wait(due - now)
                 self._beat_at = float("inf")
+                self._beat_now = False
                 if self._stopped:
                     return
                 holds = [(hold, hold.version, hold.lease or hold.ttl) for hold in renewed]

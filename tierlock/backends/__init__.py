@@ -129,6 +129,12 @@ class LockBackend(abc.ABC):
         """
         return Doorbell()
 
+    def watch_forced(self, told: Callable[[str], None]) -> None:
+        """From now on call ``told(key)``, in a thread of the backend's, when another
+        process force-releases ``key``, where the database can say so at once (else
+        never: the holder learns at its next renewal). ``told`` must be quick."""
+        return None
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         """Whether pollers in other processes wait for ``key``, which this process
         holds (``ringing``: with a doorbell kept by its poller); ``None``: cannot tell."""

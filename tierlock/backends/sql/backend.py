@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import MetaData
@@ -351,11 +351,15 @@ class SQLBackend(LockBackend):
 
     def force_release(self, key: str) -> bool:
         params = {"key": key, "under": key + MARK, "above": key + chr(ord(MARK) + 1)}
-        deleted: bool = self._run(
-            "force_release",
-            key,
-            lambda link, _: link.execute(self.queries.delete_key, params).rowcount > 0,
-        )
+        queries = self.queries
+
+        def attempt(link: Link, uncertain: bool) -> bool:
+            deleted = link.execute(queries.delete_key, params).rowcount > 0
+            if deleted and queries.notify_forced is not None:
+                link.execute(queries.notify_forced, {"key": key})
+            return deleted
+
+        deleted: bool = self._run("force_release", key, attempt)
         if deleted:
             self._wakeups.released(key)
         return deleted
@@ -383,6 +387,9 @@ class SQLBackend(LockBackend):
 
     def doorbell(self, key: str) -> Doorbell:
         return self._wakeups.doorbell(key)
+
+    def watch_forced(self, told: Callable[[str], None]) -> None:
+        self._wakeups.watch_forced(told)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)

@@ -1,10 +1,13 @@
 """Wake-ups from PostgreSQL: a released hold is announced with NOTIFY, so a poller
-waiting for the key tries again at once instead of at its next pause.
+waiting for the key tries again at once instead of at its next pause; a forced release
+(``force_release``) is announced too, so that a holder process learns at once that
+its row is gone.
 
 Each manager keeps one extra connection, opened when some thread first has to wait
-for a key held elsewhere, that LISTENs on the table's channel. The wake-ups only
-save time: a poller still tries again after each pause, so a lost notification (the
-connection dropped, the server restarted) costs at most one pause.
+for a key held elsewhere or first holds a key, that LISTENs on the table's channel.
+The notifications only save time: a poller still tries again after each pause, and a
+holder's heartbeat still finds a deleted row, so a lost notification (the connection
+dropped, the server restarted) costs at most a pause or a beat.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Any
 from ...keys import user_key
 from .. import Doorbell
 
-__all__ = ["Listener", "channel_name"]
+__all__ = ["FORCED", "Listener", "channel_name"]
 
 logger = logging.getLogger(__name__)
 
 # Seconds between checks whether the listener should stop, and between reconnections.
 LISTEN_SLICE = 1.0
+# What a forced release's notification carries before the key. A key that begins so
+# and is released in the ordinary way costs its holder one early renewal, nothing more.
+FORCED = "\x1bforced:"
 
 
 def channel_name(table: str) -> str:
@@ -42,6 +48,7 @@ class Listener:
         """Start afresh; used in a forked child, where the listening thread is gone."""
         self._mutex = threading.Lock()
         self._bells: dict[str, threading.Event] = {}
+        self._forced: Callable[[str], None] | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -49,12 +56,22 @@ class Listener:
         with self._mutex:
             # Registered before the listener starts, so that its first ring reaches it.
             bell = self._bells[key] = threading.Event()
-            if self._thread is None and not self._stopped.is_set():
-                self._thread = threading.Thread(
-                    target=self._listen, name="tierlock-listener", daemon=True
-                )
-                self._thread.start()
+            self._start()
         return _Bell(self, key, bell)
+
+    def watch_forced(self, told: Callable[[str], None]) -> None:
+        """Call ``told(key)`` for every forced release heard from now on."""
+        with self._mutex:
+            self._forced = told
+            self._start()
+
+    def _start(self) -> None:
+        """(With the mutex held.)"""
+        if self._thread is None and not self._stopped.is_set():
+            self._thread = threading.Thread(
+                target=self._listen, name="tierlock-listener", daemon=True
+            )
+            self._thread.start()
 
     def close(self) -> None:
         with self._mutex:  # a thread being started in doorbell() is started by now
@@ -73,15 +90,23 @@ class Listener:
                     self._ring_all()  # releases before LISTEN took effect went unheard
                     while not self._stopped.is_set():
                         for notification in connection.notifies(timeout=LISTEN_SLICE):
-                            # (a read hold's or permit's row rings its key's bell)
-                            bell = self._bells.get(user_key(notification.payload))
-                            if bell is not None:
-                                bell.set()
+                            self._heard(notification.payload)
                 finally:
                     connection.close()
             except Exception as exc:  # pollers fall back on their pauses meanwhile
                 logger.debug("listening for released locks failed, retrying: %s", exc)
                 self._stopped.wait(LISTEN_SLICE)
+
+    def _heard(self, payload: str) -> None:
+        if payload.startswith(FORCED):
+            told = self._forced
+            if told is not None:
+                told(payload[len(FORCED) :])
+            payload = payload[len(FORCED) :]  # (pollers of the key may go now too)
+        # (a read hold's or permit's row rings its key's bell)
+        bell = self._bells.get(user_key(payload))
+        if bell is not None:
+            bell.set()
 
     def _ring_all(self) -> None:
         for bell in list(self._bells.values()):

@@ -40,6 +40,7 @@ from sqlalchemy.sql.expression import (
 )
 
 from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH, LockKeyType, Timestamp, utc_after, utc_now
+from .notify import FORCED
 
 __all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "key_serialiser", "lock_table"]
 
@@ -282,6 +283,11 @@ class Statements:
         # delete_key(key, under, above): the rows of the key's holds, whoever's: its
         # own row and the rows of its readers and permits (keys between under and above).
         self.delete_key = delete(table).where(key_is | _between(table))
+        # notify_forced(key): PostgreSQL: tell the holder's process that its rows went.
+        self.notify_forced: Select[Any] | None = None
+        if channel is not None:
+            told = literal(FORCED) + bindparam("key", type_=String)
+            self.notify_forced = select(func.pg_notify(literal(channel), told))
 
         # delete_expired_batch(): up to REAP_BATCH expired rows; fewer means none are left.
         # A reader's row is left out: it must go with its group's count (see shared).

@@ -47,6 +47,10 @@ class WakeUps:
             return bell
         return Doorbell(self._closing)
 
+    def watch_forced(self, told: Callable[[str], None]) -> None:
+        if self._listener is not None:
+            self._listener.watch_forced(told)
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         if self._fifos is not None:
             return self._fifos.waiting(key)
