@@ -93,6 +93,7 @@ class Heartbeat:
         confirmed, and a renewed one (``lease`` set) is renewed."""
         with self._beat_due:
             owner_id = hold.owner_id
+            hold.promise = self._backend.promise
             self._watched[owner_id] = hold
             self._clock = self._started(self._clock, self._keep_time, "tierlock-lease-clock")
             if hold.live_until < self._lapse_at:
@@ -220,9 +221,11 @@ class Heartbeat:
         while not self._stopped:
             now = time.monotonic()
             lapse = min((hold.live_until for hold in self._watched.values()), default=None)
+            if lapse is not None:  # (the store's promise bounds every hold)
+                lapse = min(lapse, self._backend.promise.until)
             if self._callbacks or (lapse is not None and lapse <= now):
                 self._lapse_at = float("inf")
-                return [hold for hold in self._watched.values() if hold.live_until <= now]
+                return [hold for hold in self._watched.values() if not hold.alive()]
             self._lapse_at = float("inf") if lapse is None else lapse
             self._lapse_due.wait(None if lapse is None else lapse - now)
         return None

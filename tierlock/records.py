@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from . import process
 
-__all__ = ["DRIFT", "Hold", "LockInfo", "Owner", "lease_end"]
+__all__ = ["DRIFT", "NO_BOUND", "Hold", "LockInfo", "Owner", "Promise", "lease_end"]
 
 # Host and thread names are stored in VARCHAR(255) columns; longer ones are cut here
 # rather than refused by the server, since they only describe the holder.
@@ -119,6 +119,21 @@ class _ProcessIds:
 _ids = _ProcessIds()
 
 
+class Promise:
+    """How long a store surely keeps every hold of one backend, whatever their leases
+    say: ``until``, a ``time.monotonic()`` reading that the backend moves on as the
+    store confirms it (a ZooKeeper session: the last request the server answered, sent
+    then, plus the session's timeout). Infinite where the store gives no such bound."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until: float = float("inf")) -> None:
+        self.until = until
+
+
+NO_BOUND = Promise()  # (never moved on: shared by every backend without a bound)
+
+
 class Hold:
     """One row of this process: a hold of one key, which may pass between its threads.
 
@@ -128,7 +143,8 @@ class Hold:
     was set (or renewed) to ``lease`` from a moment after the statement was sent at
     ``confirmed``, the last time the store proved the row ours; clocks may disagree on
     the time but hardly on how fast it passes. Belief in the hold ends at
-    ``live_until`` (``alive``), or earlier when it is found ``lost``. ``version`` counts
+    ``live_until`` or at its backend's ``promise`` (``alive``), or earlier when it is
+    found ``lost``. ``version`` counts
     changes of the lease made by other threads than the heartbeat's, so that a renewal
     in flight never writes an older lease over a newer one. ``recorded`` is false while
     the row still names an earlier holder thread or hand-off count; the heartbeat
@@ -150,6 +166,7 @@ class Hold:
         "lost",
         "on_lost",
         "owner_id",
+        "promise",
         "recorded",
         "ring",
         "token",
@@ -180,6 +197,7 @@ class Hold:
         self.confirmed = sent
         self.live_until = lease_end(sent, ttl)
         self.version = 0
+        self.promise = NO_BOUND  # (the heartbeat gives it its backend's)
         self.on_lost = on_lost
         self.contended = contended  # another process held the key when it was won
         self.ring = ring  # wakes pollers elsewhere once the row is released (Doorbell.keep)
@@ -191,7 +209,8 @@ class Hold:
 
     def alive(self) -> bool:
         """Whether its holder may still believe in it: not lost, and its lease surely runs."""
-        return not self.lost and time.monotonic() < self.live_until
+        now = time.monotonic()
+        return not self.lost and now < self.live_until and now < self.promise.until
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,12 +80,11 @@ def passes_locally(hold: Hold, request: Asking) -> bool:
     """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
     both renew their leases, the lease surely runs, and a statement proved the row ours
     within ``CONFIRMED_WITHIN`` (else the hand-off's own statement proves it)."""
-    now = time.monotonic()
     return (
         hold.lease is not None
         and request.renew
-        and now < hold.live_until
-        and now - hold.confirmed < CONFIRMED_WITHIN
+        and hold.alive()
+        and time.monotonic() - hold.confirmed < CONFIRMED_WITHIN
     )
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..records import LockInfo, Owner
+from ..records import NO_BOUND, LockInfo, Owner, Promise
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -47,6 +47,10 @@ class LockBackend(abc.ABC):
 
     #: Where the locks live, as a URL with any password hidden.
     location: str
+
+    #: How long the store surely keeps every hold of this backend, whatever their
+    #: leases say (a ZooKeeper session); no bound by default.
+    promise: Promise = NO_BOUND
 
     #: Read holds and semaphore permits, if the backend has them.
     shared: SharedHolds | None = None
