@@ -70,7 +70,7 @@ class FileBackend(LockBackend):
 
     def _open(self, root: str, create_table: bool) -> None:
         if create_table:
-            os.makedirs(root, exist_ok=True)
+            self._files.make()
         elif not os.path.isdir(root):
             raise FileNotFoundError(
                 "no lock directory: make it with create_table=True or `tierlock init`"

@@ -15,15 +15,22 @@ holder dies, so a guard is never stale. That makes check-then-act atomic: two wa
 cannot both take over one expired file, and a late release cannot delete a new
 holder's. Only creating a free hold and renewing by a touch go without it (see
 ``FileBackend``).
+
+A lock directory may be shared by several users: what the engine makes in it gets the
+group's and others' permissions of the lock directory itself and its setgid bit
+(``Modes``), whatever the umask, so that whoever comes first, the others can use it.
+Files that others write (counters, the clock) appear with their mode already given.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -31,11 +38,12 @@ from typing import NamedTuple
 from ...records import LockInfo
 from ...stats import Counters
 from ..basics import Record
+from .names import MAKING
 
-__all__ = ["CREATE_GRACE", "PROVISIONAL", "Directory", "GuardBusy", "Seen", "Stored"]
+__all__ = ["CREATE_GRACE", "PROVISIONAL", "Directory", "GuardBusy", "Modes", "Seen", "Stored"]
 
 # A hold file still empty or half written counts as held for this long from its last
-# write, then as abandoned: its creator died (or is stopped) between its first two
+# write, then as abandoned: its creator died (or is stopped) between its first few
 # system calls. Safety does not rest on it: a creator checks, under the guard, that its
 # file is still there.
 CREATE_GRACE = 2_000  # ms
@@ -51,6 +59,12 @@ _DECODER = json.JSONDecoder()
 # Pauses between tries of a busy guard: its holder keeps it for a few system calls.
 FIRST_GUARD_PAUSE = 0.0005
 LONGEST_GUARD_PAUSE = 0.02
+# How long a hold file that this process may not read is tried again, in seconds: long
+# enough for its maker to give it its mode, even on a busy host.
+MODE_WAIT = 1.0
+# What a filesystem without modes (FAT, some SMB mounts) answers a chmod: its mount
+# options decide instead.
+_NO_MODES = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
 def milliseconds(nanoseconds: int) -> int:
@@ -73,6 +87,36 @@ def _locked(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+class Modes(NamedTuple):
+    """The modes of what the engine makes in a lock directory: the group's and others'
+    permissions of the lock directory (files without ``x``), so that every user who
+    may use the directory may use what another user made there, and its setgid bit on
+    directories, so that their files keep the directory's group. Never the sticky bit:
+    a waiter must be able to delete a dead holder's file, whoever made it."""
+
+    directory: int
+    file: int
+
+    @classmethod
+    def of(cls, lock_directory: int) -> Modes:
+        """The modes below a lock directory of mode ``lock_directory`` (``st_mode``)."""
+        shared = stat.S_IMODE(lock_directory) & 0o077
+        setgid = lock_directory & stat.S_ISGID
+        return cls(0o700 | shared | setgid, 0o600 | (shared & 0o066))
+
+
+def _give(target: int | str, mode: int) -> None:
+    """``chmod`` what this process just made, be it a descriptor or a path."""
+    try:
+        if isinstance(target, int):
+            os.fchmod(target, mode)
+        else:
+            os.chmod(target, mode)
+    except OSError as exc:
+        if exc.errno not in _NO_MODES:
+            raise
 
 
 class Stored(NamedTuple):
@@ -133,31 +177,88 @@ class Directory:
         self._guard_limit = guard_limit
         self._count = counters.add
         self._clock = os.path.join(root, _CLOCK)
+        self._modes = Modes.of(0)  # (until ``make`` or ``probe`` reads the lock directory's)
 
     def path(self, name: str) -> str:
         return os.path.join(self.root, name)
+
+    def _learn_modes(self) -> None:
+        self._modes = Modes.of(os.stat(os.path.dirname(self.root)).st_mode)
+
+    def make(self) -> None:
+        """Make the directory, and the lock directory it is in if there is none, unless
+        another process made it first. The directory gets its mode at once: one made by
+        another process is that process's to give its mode."""
+        os.makedirs(os.path.dirname(self.root), exist_ok=True)
+        self._learn_modes()
+        mode = self._modes.directory
+        try:
+            os.mkdir(self.root, mode)
+        except FileExistsError:
+            return
+        # (Linux sets the setgid bit already; a chmod by someone outside the group would
+        # clear it, so only one that changes something is made.)
+        if stat.S_IMODE(os.stat(self.root).st_mode) != mode:
+            _give(self.root, mode)
 
     def now(self) -> int:
         """The file server's clock, in ms: the time it stamps on a file touched now."""
         try:
             os.utime(self._clock)
         except FileNotFoundError:
-            os.close(os.open(self._clock, os.O_WRONLY | os.O_CREAT, 0o666))
+            self.place(self._clock)
+            os.utime(self._clock)
             self._count("statements")
         self._count("statements", 2)
         return milliseconds(os.stat(self._clock).st_mtime_ns)
 
     def probe(self) -> None:
-        """Make sure the directory can be written, stamped and ``flock``-ed; a mount
-        without ``flock`` raises here instead of locking unsafely later."""
+        """Learn the modes of what is made here from the lock directory, and make sure
+        the directory can be written, stamped and ``flock``-ed; a mount without
+        ``flock`` raises here instead of locking unsafely later."""
+        self._learn_modes()
         self.now()
         with self.guard(self._clock):
             pass
 
+    def place(self, path: str) -> None:
+        """Make the empty file ``path`` with its mode unless there is one: made under a
+        name of its own, given its mode and linked into place, so that no other user
+        finds it before it has its mode. A filesystem without hard links gets it made
+        in place, then given its mode."""
+        temporary = self.path(MAKING + os.urandom(8).hex())
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _give(fd, self._modes.file)
+        finally:
+            os.close(fd)
+        self._count("statements", 3)
+        try:
+            os.link(temporary, path)
+        except FileExistsError:  # (made meanwhile; on NFS, maybe this very link)
+            pass
+        except OSError:
+            self.mark(path)
+        finally:
+            os.unlink(temporary)
+            self._count("statements", 2)
+
     def peek(self, path: str) -> Seen | None:
-        """The hold file at ``path``, or ``None`` if there is none."""
-        with self.opened(path, os.O_RDONLY) as fd:
-            return None if fd is None else self.read(fd)
+        """The hold file at ``path``, or ``None`` if there is none. One this process
+        may not read was made by another user a moment ago, who gives it its mode with
+        the next system call: it is tried again for up to ``MODE_WAIT`` seconds. (Not
+        taken as a file being written: then one never readable would be taken over.)"""
+        deadline = time.monotonic() + MODE_WAIT
+        pause = FIRST_GUARD_PAUSE
+        while True:
+            try:
+                with self.opened(path, os.O_RDONLY) as fd:
+                    return None if fd is None else self.read(fd)
+            except PermissionError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, LONGEST_GUARD_PAUSE)
 
     @contextlib.contextmanager
     def opened(
@@ -167,11 +268,14 @@ class Directory:
         with ``refused`` (by default: there is no such file)."""
         self._count("statements")
         try:
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(path, flags, self._modes.file)
         except refused:
             yield None
             return
         try:
+            if flags & os.O_EXCL:  # (made by this open)
+                _give(fd, self._modes.file)
+                self._count("statements")
             yield fd
         finally:
             os.close(fd)
@@ -212,9 +316,10 @@ class Directory:
             return False
 
     def mark(self, path: str) -> None:
-        """Make the (empty) file at ``path`` if there is none."""
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
-        self._count("statements", 2)
+        """Make the (empty) file at ``path`` if there is none. (Nobody writes it: its
+        mode comes after its making.)"""
+        with self.opened(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FileExistsError):
+            pass
 
     def remove(self, path: str) -> bool:
         """Delete the file at ``path``; ``False`` if there was none."""
@@ -238,7 +343,11 @@ class Directory:
         deadline = time.monotonic() + bound
         pause = FIRST_GUARD_PAUSE
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                self.place(path)
+                continue
             try:
                 while not _locked(fd):
                     self._count("statements")
@@ -311,8 +420,13 @@ class Directory:
         self._count("statements", 2)
         return number
 
-    def listing(self, suffix: str) -> list[os.DirEntry[str]]:
-        """The directory's files whose names end with ``suffix``."""
+    def listing(self, suffix: str = "", prefix: str = "") -> list[os.DirEntry[str]]:
+        """The directory's files whose names start with ``prefix`` and end with
+        ``suffix``."""
         self._count("statements")
         with os.scandir(self.root) as entries:
-            return [entry for entry in entries if entry.name.endswith(suffix)]
+            return [
+                entry
+                for entry in entries
+                if entry.name.startswith(prefix) and entry.name.endswith(suffix)
+            ]

@@ -17,7 +17,7 @@ import hashlib
 import os
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["COUNTER", "HOLD", "WAITING", "key_name", "parse_url"]
+__all__ = ["COUNTER", "HOLD", "MAKING", "WAITING", "key_name", "parse_url"]
 
 SCHEME = "file"
 # The file of a key's hold, of its fencing-token counter (also the key's guard), and
@@ -25,6 +25,9 @@ SCHEME = "file"
 HOLD = ".lock"
 COUNTER = ".token"
 WAITING = ".wait"
+# The start of the name of a file being made, before it is linked into place under its
+# own (see ``Directory.place``): no key's name starts with a dot.
+MAKING = ".making-"
 # Longest plain name: with a suffix, well within the 255 bytes most filesystems allow.
 PLAIN_NAME_LIMIT = 200
 HASHED = "%-"
