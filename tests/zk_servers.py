@@ -28,6 +28,8 @@ __all__ = ["ZooKeeperServer"]
 # path only for the logging configuration.
 CLASS_PATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
 MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+# How long a probe of a starting server waits for a session.
+PROBE_TIMEOUT = 1.0
 # The probes of a starting server fail until it listens: not worth a warning each.
 _quiet = logging.getLogger("zk_servers.probe")
 _quiet.setLevel(logging.CRITICAL)
@@ -74,8 +76,15 @@ class ZooKeeperServer(Server):
         ]
 
     def _answers(self) -> None:
-        """A session opens within a second."""
-        client = KazooClient(hosts=self.hosts, connection_retry={"max_tries": 0}, logger=_quiet)
-        client.start(timeout=1.0)  # on a timeout it stops and closes the client itself
+        """A session opens within a second. (A starting server may take the probe's
+        connection and never answer its handshake: kazoo waits the session's timeout
+        for the answer, which is the probe's second here, not ten.)"""
+        client = KazooClient(
+            hosts=self.hosts,
+            timeout=PROBE_TIMEOUT,
+            connection_retry={"max_tries": 0},
+            logger=_quiet,
+        )
+        client.start(timeout=PROBE_TIMEOUT)  # on a timeout it stops and closes the client
         client.stop()
         client.close()

@@ -7,6 +7,7 @@
      +-- NotHeldError          also RuntimeError: release/extend without a hold
      +-- LockLostError         the row is no longer ours at release/extend
      +-- BackendError          the database failed after retries; __cause__ is the driver error
+     +-- PartialRenewal        (internal) a renewal reached only some of the store's nodes
 
 Bad arguments raise the builtin ``ValueError`` or ``TypeError`` instead.
 """
@@ -68,3 +69,14 @@ class LockLostError(LockError):
 
 class BackendError(LockError):
     """The database failed and retrying did not help; the driver error is chained."""
+
+
+class PartialRenewal(LockError):
+    """A renewal reached only part of the store (some nodes of a cluster): the holds in
+    ``renewed`` were renewed, and those in ``unreached`` (owner ids) may or may not
+    have been; none of them is known lost. Raised by ``LockBackend.renew`` only."""
+
+    def __init__(self, message: str, renewed: set[str], unreached: set[str]) -> None:
+        super().__init__(message)
+        self.renewed = renewed
+        self.unreached = unreached

@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable
 
 from .backends import LockBackend
-from .errors import LockError
+from .errors import LockError, PartialRenewal
 from .keys import user_key
-from .records import Hold, lease_end
+from .records import NO_BOUND, Hold, lease_end
 from .stats import Counters
 
 __all__ = ["Heartbeat"]
@@ -93,7 +93,8 @@ class Heartbeat:
         confirmed, and a renewed one (``lease`` set) is renewed."""
         with self._beat_due:
             owner_id = hold.owner_id
-            hold.promise = self._backend.promise
+            if hold.promise is NO_BOUND:  # (the promise of the session it was won in)
+                hold.promise = self._backend.promise
             self._watched[owner_id] = hold
             self._clock = self._started(self._clock, self._keep_time, "tierlock-lease-clock")
             if hold.live_until < self._lapse_at:
@@ -220,9 +221,10 @@ class Heartbeat:
         lapsed holds, or ``None`` once stopped (with the mutex held)."""
         while not self._stopped:
             now = time.monotonic()
-            lapse = min((hold.live_until for hold in self._watched.values()), default=None)
-            if lapse is not None:  # (the store's promise bounds every hold)
-                lapse = min(lapse, self._backend.promise.until)
+            lapse = min(
+                (min(hold.live_until, hold.promise.until) for hold in self._watched.values()),
+                default=None,
+            )
             if self._callbacks or (lapse is not None and lapse <= now):
                 self._lapse_at = float("inf")
                 return [hold for hold in self._watched.values() if not hold.alive()]
@@ -272,8 +274,13 @@ class Heartbeat:
 
     def _beat(self, holds: list[Snapshot]) -> None:
         sent = time.monotonic()
+        unreached: set[str] = set()  # owner ids the renewal could not tell about
         try:
             renewed = self._backend.renew([(hold.key, hold.owner_id) for hold, _, _ in holds])
+        except PartialRenewal as exc:  # (some nodes of a cluster did not answer)
+            renewed, unreached = exc.renewed, exc.unreached
+            self._counters.add("failed_renewals")
+            logger.warning("renewing %d lock(s) failed, will try again: %s", len(unreached), exc)
         except LockError as exc:
             self._counters.add("failed_renewals")
             logger.warning("renewing %d lock(s) failed, will try again: %s", len(holds), exc)
@@ -283,12 +290,14 @@ class Heartbeat:
         for hold, version, lease in holds:
             if hold.owner_id in renewed:
                 self.confirm(hold, sent, lease, version)
-            else:
+            elif hold.owner_id not in unreached:
                 why = "its row was gone or its lease had ended at a renewal"
                 self.lost(hold, why, version=version)
         for hold, _, _ in holds:
             if not hold.recorded and not hold.lost:
                 self._record(hold)
+        if unreached:
+            self._pause([hold for hold, _, _ in holds if hold.owner_id in unreached])
 
     def _pause(self, holds: list[Hold]) -> None:
         """Wait before the next try after a failed beat: a share of the time the

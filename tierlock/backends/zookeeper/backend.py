@@ -5,6 +5,8 @@ mark the keys they wait for (``waiting``).
 
 A renewed hold needs no renewal: the session is its lease, kept alive by kazoo's pings;
 the heartbeat only checks that each node is still there, in the session it belongs to.
+Whatever its lease, belief in a hold ends with its session's ``promise`` (see
+``wire``), before the server can expire the session and free the key for others.
 A fixed lease (``renew=False``) also ends ``ttl`` after the node's last write, by the
 server's clock, and so does a renewed lease shorter than the session, which the
 heartbeat rewrites (see ``nodes.Holder``); a waiter then takes the node over. The
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 
 from ... import process
 from ...errors import BackendError
-from ...records import LockInfo, Owner
+from ...records import LockInfo, Owner, Promise
 from ...stats import Counters
 from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
@@ -72,12 +74,17 @@ class ZooKeeperBackend(LockBackend):
             raise ValueError("/zookeeper is ZooKeeper's own: choose another chroot or table")
         self.counters = counters
         self.timeout = timeout
-        self.session = Session(address, ttl, timeout, counters)
+        self.session = Session(address, ttl, timeout, counters, self._promised)
         self.nodes = Nodes(self.paths, counters)
         self._sweeper = Sweeper()
         self._waiting = Waiting(self.session, self.paths, counters, self._later)
         self._forget_holds()
         self.session.run("prepare", None, lambda calls, _: self.nodes.prepare(calls))
+
+    def _promised(self, promise: Promise) -> None:
+        """Bound the holds taken from now on by a new session's ``promise`` (those of an
+        earlier session keep its own, which ended with it)."""
+        self.promise = promise
 
     def _later(self, job: Callable[[], bool], delay: float) -> None:
         self._sweeper.add(job, delay=delay)

@@ -7,7 +7,9 @@ server hears from the client within the session's timeout, which is the manager'
 default). kazoo pings the server every third of it and reconnects by itself; when the
 connection drops, the session is SUSPENDED (the nodes live on, unless it stays away for
 the timeout) and may come back, or be LOST (the server expired it and deleted its
-nodes; kazoo then opens a new one).
+nodes; kazoo then opens a new one). ``wire`` learns from kazoo's connection how long
+the server surely keeps the session, the ``promise`` that bounds every hold's belief,
+and abandons a handshake the server leaves unanswered.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.serialization import Connect
 from kazoo.protocol.states import KazooState
 
 from ...errors import BackendError, LockError
+from ...records import Promise
 from ...stats import Counters
 from ..gate import Gate
 from .address import Address
+from .wire import Wire
 
 __all__ = ["UNCERTAIN", "Calls", "Session"]
 
@@ -61,13 +64,22 @@ RETRY_PAUSE = 0.01
 
 class Session:
     """One kazoo client, made at first use (again in a forked child), and the state of
-    its session; ``run`` carries out an operation on it."""
+    its session; ``run`` carries out an operation on it. ``promised`` is handed the
+    ``Promise`` of each new session."""
 
-    def __init__(self, address: Address, ttl: float, timeout: float, counters: Counters) -> None:
+    def __init__(
+        self,
+        address: Address,
+        ttl: float,
+        timeout: float,
+        counters: Counters,
+        promised: Callable[[Promise], None],
+    ) -> None:
         self.address = address
         self.requested = ttl  # the session timeout asked for, in seconds
         self.timeout = timeout  # how long an operation keeps trying
         self.counters = counters
+        self._promised = promised
         self.forget()
 
     def forget(self) -> None:
@@ -78,10 +90,13 @@ class Session:
         self._connected = threading.Event()
         self.gate = Gate()  # operations under way, for close()
         self.session_id: int | None = None  # of the session now, while connected
-        self.granted = self.requested  # the session timeout the server granted
-        # When (time.monotonic()) the latest request was sent that the server answered:
-        # its session lives at least the granted timeout from then.
-        self.contact = 0.0
+        self.wire = Wire(self.address.location, self.requested, self._promised)
+        self._promised(self.wire.promise)
+
+    @property
+    def granted(self) -> float:
+        """The session timeout the server granted, in seconds."""
+        return self.wire.granted
 
     # -- the client ---------------------------------------------------------------
 
@@ -109,8 +124,8 @@ class Session:
         return client is not None and bool(client.connected)
 
     def may_have_expired(self) -> bool:
-        """Whether the session may be gone: lost, or out of touch for its timeout."""
-        return self.session_id is None or time.monotonic() - self.contact >= self.granted
+        """Whether the session may be gone: lost, or its promise ended."""
+        return self.session_id is None or time.monotonic() >= self.wire.promise.until
 
     def _start(self, deadline: float) -> Any:
         address = self.address
@@ -125,7 +140,7 @@ class Session:
             },
             logger=_kazoo_logger,
         )
-        self._note_grants(client)
+        self.wire.attach(client._connection)
         client.add_listener(lambda state: self._changed(client, state))
         try:
             client.start(timeout=max(0.001, deadline - time.monotonic()))
@@ -135,32 +150,6 @@ class Session:
                 f"{self.timeout:g} s"
             ) from exc
         return client
-
-    def _note_grants(self, client: Any) -> None:
-        """Learn the session timeout the server grants at each connect: kazoo uses it,
-        but does not tell."""
-        connection = client._connection
-        invoke = connection._invoke
-
-        def invoke_noting(timeout: float, request: Any, xid: int | None = None) -> Any:
-            result = invoke(timeout, request, xid)
-            if isinstance(request, Connect) and result[0].time_out > 0:
-                self._granted(result[0].time_out / 1000)
-            return result
-
-        connection._invoke = invoke_noting
-
-    def _granted(self, seconds: float) -> None:
-        if seconds != self.granted:
-            logger.warning(
-                "ZooKeeper at %s grants sessions of %g s, not the %g s asked for (the "
-                "manager's ttl): a holder that stops or loses the server keeps its locks "
-                "that long",
-                self.address.location,
-                seconds,
-                self.requested,
-            )
-        self.granted = seconds
 
     def _changed(self, client: Any, state: str) -> None:
         """kazoo's connection state listener; runs in its connection thread."""
@@ -272,16 +261,4 @@ class Calls:
     def wait(self, request: Any) -> Any:
         """The result of ``request``; raises what the server answered, or an uncertain
         failure (``KazooTimeoutError`` once the deadline has passed)."""
-        try:
-            result = request.get(timeout=max(0.001, self._deadline - time.monotonic()))
-        except UNCERTAIN:
-            raise
-        except KazooException:
-            self._heard()
-            raise
-        self._heard()
-        return result
-
-    def _heard(self) -> None:
-        session = self._session
-        session.contact = max(session.contact, self.began)
+        return request.get(timeout=max(0.001, self._deadline - time.monotonic()))
