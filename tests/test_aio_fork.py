@@ -51,6 +51,7 @@ CHILD_LIMIT = 10.0
 # The bound on every other wait, which only a broken lock reaches.
 LIMIT = 30.0
 
+# (as conftest's SQL_DATABASES: this module also runs as a program, without conftest)
 ENGINES = pytest.mark.parametrize(
     "db",
     [

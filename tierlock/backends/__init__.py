@@ -110,7 +110,11 @@ class LockBackend(abc.ABC):
     def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
         """Renew each of ``holds`` (``(key, owner_id)`` pairs of renewed holds) by its
         lease, from now, with as few statements as the backend can; return the owner
-        ids renewed. A hold left out was lost: its row is gone or its lease had ended."""
+        ids renewed. A hold left out was lost: its row is gone or its lease had ended.
+
+        :raises PartialRenewal: only part of the store answered (a cluster's node): the
+            holds in its ``renewed`` were renewed, those in ``unreached`` are neither
+            renewed nor lost, and are tried again soon."""
 
     @abc.abstractmethod
     def record_holder(

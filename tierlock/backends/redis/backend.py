@@ -1,7 +1,7 @@
 """The Redis backend: a hold is a key with an expiry, written only by Lua scripts that
 compare owner ids. Where things live: ``layout``; the scripts: ``scripts``; failures
-and retries: ``running``; many renewals at once: ``renewal``; wake-ups: ``wakeups``;
-abandoned holds: ``sweeping``.
+and retries: ``running``; many renewals at once: ``renewal`` (on a cluster, node by
+node: ``cluster``); wake-ups: ``wakeups``; abandoned holds: ``sweeping``.
 
 Leases run on the server's clock: a record's expiry (PX) is its lease, so Redis removes
 an expired hold by itself. ``reap()`` therefore has nothing to do, and ``info()`` and
@@ -34,6 +34,7 @@ from ...stats import Counters
 from ...urls import hide_password
 from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
+from .cluster import NODE_PATIENCE, ClusterRenewal
 from .layout import Names, Stored, milliseconds, names, record_halves, scan_pattern, user_key_of
 from .renewal import renew_holds
 from .running import CLUSTER_SCHEMES, Runner, open_client
@@ -79,6 +80,17 @@ class RedisBackend(LockBackend):
             self._listening_connection, None if self._cluster else self._count_subscribers
         )
         self._sweeper = Sweeper(self._delete_owned, give_up_after=timeout)
+        self._renewal = (
+            ClusterRenewal(
+                self._client,
+                self._scripts,
+                counters,
+                self._runner,
+                patience=min(NODE_PATIENCE, timeout / 2),
+            )
+            if self._cluster
+            else None
+        )
         self._expiry_times = True  # until the server turns PEXPIRETIME down
 
     def _connect(self) -> Any:
@@ -223,15 +235,17 @@ class RedisBackend(LockBackend):
         return self._run("extend", key, lambda _: self._done(EXTEND, (record_key,), args))
 
     def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
+        """See ``LockBackend.renew``. On a cluster, a node that cannot be reached in
+        time leaves its holds unreached (``PartialRenewal``), while the other nodes'
+        holds are renewed; see ``cluster``."""
         if not holds:
             return set()
         listed = [(names(self.table, key).record, owner_id) for key, owner_id in holds]
+        renewal = self._renewal
+        if renewal is not None:
+            return self._run("renew", None, lambda _: renewal.renew(listed))
         return self._run(
-            "renew",
-            None,
-            lambda _: renew_holds(
-                self._client, self._scripts, self.counters, listed, cluster=self._cluster
-            ),
+            "renew", None, lambda _: renew_holds(self._client, self._scripts, self.counters, listed)
         )
 
     # -- looking -----------------------------------------------------------------------
@@ -338,6 +352,8 @@ class RedisBackend(LockBackend):
         if not self._cluster:
             self._client = open_client(self._url, self.timeout)
         self._runner.after_fork()
+        if self._renewal is not None:
+            self._renewal.forget()
         self._sweeper.forget()  # the parent sweeps its own holds
         self._wakeups.forget()
 
