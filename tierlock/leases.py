@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from .backends import LockBackend
-from .errors import LockError, PartialRenewal
+from .errors import LockError, LockLostError, PartialRenewal
 from .keys import user_key
 from .records import NO_BOUND, Hold, lease_end
 from .stats import Counters
@@ -141,6 +141,13 @@ class Heartbeat:
             hold.lease = ttl
         self.add(hold)  # (its next beat or lapse may now be due sooner)
         return True
+
+    def ensure_alive(self, hold: Hold, key: str, before: str) -> None:
+        """:raises LockLostError: belief in ``hold`` has ended (and is reported now, if
+        the lease clock has not yet), so nothing may be done ``before`` with it."""
+        if not hold.alive():
+            self.lost(hold, f"its lease ran out before {before}", sweep=False)
+            raise LockLostError(key, hold.token)
 
     def lost(self, hold: Hold, why: str, *, sweep: bool = True, version: int | None = None) -> None:
         """Give up ``hold`` as lost (once; with ``version``, only if no other thread

@@ -192,11 +192,7 @@ class Permits:
             raise NotHeldError(key)
         tiers = self._tiers
         for each in self._holds(key):
-            if not each.alive():
-                tiers.heartbeat.lost(
-                    each, "its lease ran out before it could be extended", sweep=False
-                )
-                raise LockLostError(key, each.token)
+            tiers.heartbeat.ensure_alive(each, key, "it could be extended")
             lease = None if each.lease is None else ttl
             sent = time.monotonic()
             if not tiers.backend.extend(each.key, each.owner_id, ttl, lease):

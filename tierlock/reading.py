@@ -405,11 +405,9 @@ class Readers:
         if hold is None:
             self._tiers.extend(key, ttl)  # (the write hold covers the read hold)
             return
-        if read.lost or not hold.alive():
-            self._tiers.heartbeat.lost(
-                hold, "its lease ran out before it could be extended", sweep=False
-            )
+        if read.lost:
             raise LockLostError(key, hold.token)
+        self._tiers.heartbeat.ensure_alive(hold, key, "it could be extended")
         lease = None if hold.lease is None else ttl
         sent = time.monotonic()
         if not self._shared(key).extend(key, hold.owner_id, ttl, lease):

@@ -144,9 +144,9 @@ class Hold:
     ``confirmed``, the last time the store proved the row ours; clocks may disagree on
     the time but hardly on how fast it passes. Belief in the hold ends at
     ``live_until`` or at its backend's ``promise`` (``alive``), or earlier when it is
-    found ``lost``. ``version`` counts
-    changes of the lease made by other threads than the heartbeat's, so that a renewal
-    in flight never writes an older lease over a newer one. ``recorded`` is false while
+    found ``lost``. ``version`` counts changes of the lease made by other threads than
+    the heartbeat's, so that a renewal in flight never writes an older lease over a
+    newer one. ``recorded`` is false while
     the row still names an earlier holder thread or hand-off count; the heartbeat
     writes the change. A hold released while threads of the process want its key may be
     *kept* for a moment (``keep_until``) for the next of them.

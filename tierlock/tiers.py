@@ -406,8 +406,7 @@ class Tiers:
         hold = self.registry.hold(key)
         if hold is None:
             raise NotHeldError(key)
-        if not hold.alive():
-            self._lost(hold, "it could be extended")
+        self.heartbeat.ensure_alive(hold, key, "it could be extended")
         # A renewed hold keeps being renewed, by the new length from now on.
         lease = None if hold.lease is None else ttl
         sent = time.monotonic()

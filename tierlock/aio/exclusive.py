@@ -325,11 +325,10 @@ class Exclusive:
         core = self._core
         backend = core.backend
         core.heartbeat.remove(hold)
+        believed = hold.alive()  # (a hold out of lease is lost; its row, if ours, goes too)
         try:
-            # (a lost hold's row, if still ours, goes too)
             given = (
-                await core.call(backend.release, key, hold.owner_id, hold.live_until)
-                and not hold.lost
+                await core.call(backend.release, key, hold.owner_id, hold.live_until) and believed
             )
         except LockError:
             await core.call(functools.partial(backend.discard, certain=True), key, hold.owner_id)

@@ -374,14 +374,14 @@ class Shares:
         hold, group = got
         core = self._core
         core.heartbeat.remove(hold)
-        # (a lost hold's row, if still ours, goes too)
+        believed = hold.alive()  # (a hold out of lease is lost; its row, if ours, goes too)
         if group:
             done = await core.call(
                 self._shared(key).unshare, key, hold.owner_id, group, hold.live_until
             )
         else:
             done = await core.call(core.backend.release, hold.key, hold.owner_id, hold.live_until)
-        if not done or hold.lost:
+        if not done or not believed:
             core.heartbeat.lost(hold, "its row was gone before its release", sweep=False)
             raise LockLostError(key, hold.token)
 

@@ -79,8 +79,7 @@ async def extend_hold(core: Core, hold: Hold, key: str, ttl: float) -> None:
 
     :raises LockLostError: the hold was lost, or its row found gone.
     """
-    if hold.lost:
-        raise LockLostError(key, hold.token)
+    core.heartbeat.ensure_alive(hold, key, "it could be extended")
     lease = None if hold.lease is None else ttl
     sent = time.monotonic()
     if not await core.call(core.backend.extend, hold.key, hold.owner_id, ttl, lease):
