@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import itertools
 import multiprocessing
 import os
@@ -404,6 +405,13 @@ def report_inherited(
     results.send(report)
 
 
+def process_state(pid: int) -> str:
+    """Process ``pid``'s state letter, as ``/proc`` shows it (``T``: stopped by a
+    signal, ``Z``: a zombie)."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        return file.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
 def _run(
     failures: SimpleQueue[str], target: Callable[..., object], arguments: dict[str, Any]
 ) -> None:
@@ -737,14 +745,30 @@ class _StopGate:
                 self._changed.notify_all()
 
 
-def _take(lock: tierlock.Lock, *, trying: bool) -> bool:
+def _take(manager: tierlock.LockManager, lock: tierlock.Lock, *, trying: bool) -> bool:
     """Acquire ``lock``: with one try without waiting if ``trying`` (``False``: it
     failed), else waiting for it."""
     if trying:
         return lock.acquire(blocking=False)
     if not lock.acquire(timeout=WAIT_LIMIT):
-        raise AssertionError(f"{lock.key!r} not acquired in {WAIT_LIMIT:g} s")
+        held = _who_holds(manager, lock.key)
+        raise AssertionError(f"{lock.key!r} not acquired in {WAIT_LIMIT:g} s: {held}")
     return True
+
+
+def _who_holds(manager: tierlock.LockManager, key: str) -> str:
+    """What holds ``key``, and the state of that holder's process, for a report."""
+    try:
+        info = manager.info(key)
+    except tierlock.LockError as exc:
+        return f"its holder could not be read ({exc!r})"
+    if info is None:
+        return "nothing holds it now"
+    try:
+        state = process_state(info.pid)
+    except OSError:
+        state = "gone"
+    return f"held by {info} (process state {state}; now {datetime.datetime.now(datetime.UTC)})"
 
 
 def churn(
@@ -784,7 +808,7 @@ def churn(
         lock = manager.lock(keys[key], ttl=ttl)
         _plan.key, _plan.slot, _plan.ledger = keys[key], slot, ledger
         _plan.doom = doom if dies and doom == "after insert" else None
-        if not _take(lock, trying=trying and not dies):
+        if not _take(manager, lock, trying=trying and not dies):
             return
         ledger.acquired(slot, key)
         gate.stop_if_asked()
@@ -1002,12 +1026,16 @@ class KillingLoad:
             ledger.stop_request[self._choose.choice(idle)] = 1
 
     def _continue_stopped(self, report: KillReport, after: float) -> None:
-        """SIGCONT the workers stopped for ``after`` seconds or longer."""
+        """SIGCONT the workers stopped for ``after`` seconds or longer. A worker marks
+        the stop just before its SIGSTOP lands: it is continued only once stopped, as
+        a SIGCONT sent before would leave it stopped for good."""
         ledger = self.ledger
         for index, process in self._live.items():
             stopped_at = ledger.stopped_at[index]
             if stopped_at and time.monotonic() - stopped_at >= after:
                 assert process.pid is not None
+                if process_state(process.pid) != "T":
+                    continue  # (its stop is on its way)
                 os.kill(process.pid, signal.SIGCONT)
                 ledger.stopped_at[index] = 0.0
                 report.stops += 1
@@ -1098,8 +1126,6 @@ class KillingLoad:
         for index, process in list(self._live.items()):
             while process.is_alive() and time.monotonic() < deadline:
                 self._continue_stopped(report, 0.0)
-                assert process.pid is not None
-                os.kill(process.pid, signal.SIGCONT)  # (one may stop just after that)
                 process.join(0.05)
             if process.exitcode == -signal.SIGKILL:
                 self._buried(index, report)

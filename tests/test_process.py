@@ -91,12 +91,6 @@ def test_a_start_time_is_compared_only_within_one_time_namespace(
     assert not process.is_gone(elsewhere, child.pid, started)
 
 
-def state(pid: int) -> bytes:
-    """Process ``pid``'s state letter, as ``/proc`` shows it (``Z``: a zombie)."""
-    with open(f"/proc/{pid}/stat", "rb") as file:
-        return file.read().rsplit(b")", 1)[1].split()[0]
-
-
 def _end_the_main_thread(may_end: Event) -> None:
     """In a child: another thread waits until killed; the main thread ends once
     ``may_end`` is set (ctypes lets go of the interpreter for the call)."""
@@ -117,7 +111,7 @@ def test_a_process_whose_main_thread_ended_lives_on_in_its_other_threads(
     assert started is not None
     host = process.host_identity()
     may_end.set()
-    wait_until(lambda: state(pid) == b"Z", "the child's main thread to end")
+    wait_until(lambda: procs.process_state(pid) == "Z", "the child's main thread to end")
     assert process.start_time(pid) == started
     assert not process.is_gone(host, pid, started)
     os.kill(pid, signal.SIGKILL)

@@ -31,7 +31,6 @@ import pytest
 from conftest import SQL_DATABASES, MakeManager
 from polling import wait_until
 from reclaim_peers import MOUNT_HIDDEN_PROC
-from test_process import state
 
 import tierlock
 from tierlock import process
@@ -206,7 +205,7 @@ def test_a_holder_whose_main_thread_ended_lives_on_in_its_other_threads(
     gone at once, before anyone reaps it."""
     manager = make_manager()
     holder = programs.hold(db_url, table, key, leader_exits=True)
-    wait_until(lambda: state(holder.pid) == b"Z", "the holder's main thread to end")
+    wait_until(lambda: procs.process_state(holder.pid) == "Z", "the holder's main thread to end")
     assert_lives_on(manager, key, holder)
     holder.program.kill()
     os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # (a zombie, not yet reaped)
