@@ -29,6 +29,10 @@ LISTENING = text("SELECT count(*) FROM pg_stat_activity WHERE query = :query")
 
 # How long the heartbeat races hand-offs between renewed and fixed leases.
 RACE_TIME = 60.0
+# The leases in that race: a long job's is lost within the race if the heartbeat dies,
+# yet each leaves room after its due renewal (at a third) for a statement on a loaded
+# machine, where a 1 s lease can truly run out between a beat and its commit.
+RACE_TTL = 5.0
 # What a thread may take, on a loaded machine, between a decision in tier 1 and the
 # next line of its own code, or a statement's round trip: far below what the bounds
 # under test replaced (a heartbeat's third of a 30 s lease).
@@ -46,16 +50,17 @@ def test_the_heartbeat_survives_hand_offs_between_renewed_and_fixed_leases(
 ) -> None:
     """Two threads pass a key back and forth, one with a renewed lease and one with a
     fixed one, so that a hand-off's UPDATE keeps changing the hold's lease while
-    renewals are in flight; meanwhile a long job holds another key on a 1 s lease. The
-    heartbeat lives on, and the job keeps its hold throughout."""
-    manager, rival = make_manager(ttl=1.0), make_manager()
+    renewals are in flight (a beat renews the passed key too while the renewed thread
+    holds it); meanwhile a long job holds another key. The heartbeat lives on, and the
+    job keeps its hold throughout."""
+    manager, rival = make_manager(ttl=RACE_TTL), make_manager()
     job = manager.lock(f"{key}:job")
     assert job.acquire()
     stop = threading.Event()
     failures: list[BaseException] = []
 
     def pass_the_key(renew: bool) -> None:
-        lock = manager.lock(f"{key}:passed", ttl=1.0, renew=renew)
+        lock = manager.lock(f"{key}:passed", renew=renew)
         try:
             while not stop.is_set():
                 with lock:
@@ -80,7 +85,9 @@ def test_the_heartbeat_survives_hand_offs_between_renewed_and_fixed_leases(
     assert failures == []
     stats = manager.stats()
     assert stats.handoffs > 100, "the hand-offs never raced the heartbeat"
-    assert stats.renewals > RACE_TIME  # (the job alone: three a second)
+    # The job's, three a lease when on time (the passed key's mostly find it handed on
+    # meanwhile, and count for nothing).
+    assert stats.renewals >= RACE_TIME / RACE_TTL * 2
     assert (stats.heartbeat_errors, stats.lost_holds) == (0, 0)
     assert job.owned() and len(_threads("tierlock-heartbeat")) >= 1
     job.release()
