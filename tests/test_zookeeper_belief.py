@@ -59,10 +59,8 @@ HANDSHAKE = 2.0
 # A session that outlives any restart of a private server (which takes a second or
 # two) plus a handshake tried again.
 RESTART_SESSION = 20.0
-# Restarts under one hold: as many as fit in this long, at least MIN_RESTARTS.
-RESTART_BUDGET = 30.0
-MIN_RESTARTS = 3
-MAX_RESTARTS = 10
+# Restarts under one hold.
+RESTARTS = 30
 
 
 def _fail_or_skip(reason: str) -> None:
@@ -346,10 +344,7 @@ def test_server_restarts_cost_seconds_and_keep_the_session(tmp_path: Path) -> No
             assert lock.acquire(timeout=SLACK)
             token = lock.token
             waits: list[float] = []
-            began = time.monotonic()
-            while len(waits) < MIN_RESTARTS or (
-                len(waits) < MAX_RESTARTS and time.monotonic() - began < RESTART_BUDGET
-            ):
+            for _ in range(RESTARTS):
                 server.restart()
                 served = time.monotonic()
                 assert lock.locked()

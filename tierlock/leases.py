@@ -106,7 +106,7 @@ class Heartbeat:
             self._heartbeat = self._started(self._heartbeat, self._beat_loop, "tierlock-heartbeat")
             if not self._watching:
                 self._watching = True
-                self._backend.watch_forced(self._forced)
+                self._backend.ask_for_renewals(self._renew_now)
             if self._due(hold) < self._beat_at:
                 self._beat_due.notify()
 
@@ -159,11 +159,13 @@ class Heartbeat:
             self._mark_lost(hold)
         self._report(hold, why, sweep)
 
-    def _forced(self, key: str) -> None:
-        """Another process force-released ``key``: renew at once, which finds out which
-        of the holds of ``key`` are gone (a hold taken after the release is not)."""
+    def _renew_now(self, key: str | None) -> None:
+        """Renew at once: another process force-released ``key`` (the renewal finds out
+        which holds of it are gone; one taken after the release is not), or (``None``)
+        the store is reachable again, after renewals may have failed."""
         with self._beat_due:
-            if any(user_key(hold.key) == key for hold in self._renewed.values()):
+            renewed = self._renewed.values()
+            if any(key is None or user_key(hold.key) == key for hold in renewed):
                 self._beat_now = True
                 self._beat_due.notify()
 

@@ -137,10 +137,11 @@ class LockBackend(abc.ABC):
         """
         return Doorbell()
 
-    def watch_forced(self, told: Callable[[str], None]) -> None:
-        """From now on call ``told(key)``, in a thread of the backend's, when another
-        process force-releases ``key``, where the database can say so at once (else
-        never: the holder learns at its next renewal). ``told`` must be quick."""
+    def ask_for_renewals(self, renew_now: Callable[[str | None], None]) -> None:
+        """From now on call ``renew_now(key)``, in a thread of the backend's, when another
+        process force-releases ``key``, and ``renew_now(None)`` when the store can be
+        reached again after the connection was lost, where the backend can tell at once
+        (else never: the holder learns at its next renewal). It must be quick."""
         return None
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:

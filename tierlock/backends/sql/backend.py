@@ -388,8 +388,8 @@ class SQLBackend(LockBackend):
     def doorbell(self, key: str) -> Doorbell:
         return self._wakeups.doorbell(key)
 
-    def watch_forced(self, told: Callable[[str], None]) -> None:
-        self._wakeups.watch_forced(told)
+    def ask_for_renewals(self, renew_now: Callable[[str | None], None]) -> None:
+        self._wakeups.watch_forced(renew_now)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)

@@ -74,7 +74,8 @@ class ZooKeeperBackend(LockBackend):
             raise ValueError("/zookeeper is ZooKeeper's own: choose another chroot or table")
         self.counters = counters
         self.timeout = timeout
-        self.session = Session(address, ttl, timeout, counters, self._promised)
+        self._renew_now: Callable[[str | None], None] | None = None
+        self.session = Session(address, ttl, timeout, counters, self._promised, self._connected)
         self.nodes = Nodes(self.paths, counters)
         self._sweeper = Sweeper()
         self._waiting = Waiting(self.session, self.paths, counters, self._later)
@@ -85,6 +86,17 @@ class ZooKeeperBackend(LockBackend):
         """Bound the holds taken from now on by a new session's ``promise`` (those of an
         earlier session keep its own, which ended with it)."""
         self.promise = promise
+
+    def _connected(self) -> None:
+        """Renewals fail at once while the connection is lost: after a reconnect, the
+        next goes at once, for a server that restarts again and again may be reachable
+        only for moments."""
+        renew_now = self._renew_now
+        if renew_now is not None:
+            renew_now(None)
+
+    def ask_for_renewals(self, renew_now: Callable[[str | None], None]) -> None:
+        self._renew_now = renew_now
 
     def _later(self, job: Callable[[], bool], delay: float) -> None:
         self._sweeper.add(job, delay=delay)

@@ -65,7 +65,8 @@ RETRY_PAUSE = 0.01
 class Session:
     """One kazoo client, made at first use (again in a forked child), and the state of
     its session; ``run`` carries out an operation on it. ``promised`` is handed the
-    ``Promise`` of each new session."""
+    ``Promise`` of each new session; ``connected`` is called, in kazoo's thread, each
+    time the client has connected (again)."""
 
     def __init__(
         self,
@@ -74,12 +75,14 @@ class Session:
         timeout: float,
         counters: Counters,
         promised: Callable[[Promise], None],
+        connected: Callable[[], None],
     ) -> None:
         self.address = address
         self.requested = ttl  # the session timeout asked for, in seconds
         self.timeout = timeout  # how long an operation keeps trying
         self.counters = counters
         self._promised = promised
+        self._on_connected = connected
         self.forget()
 
     def forget(self) -> None:
@@ -156,6 +159,7 @@ class Session:
         if state == KazooState.CONNECTED:
             self.session_id = client.client_id[0]
             self._connected.set()
+            self._on_connected()
             return
         self._connected.clear()
         if self.gate.shut:
