@@ -14,6 +14,7 @@ directory of the test's own, killed at the end.
     cluster.start()
     primary = cluster.primaries()[1]
     cluster.wait_for_replicas()         # every write so far is on the replicas too
+    cluster.cut_replication(primary)    # its replicas copy none of its later writes
     primary.kill()                      # SIGKILL (or SIGSTOP: it hangs)
     cluster.wait_for_failover(primary)  # its replica serves its slots
     cluster.close()
@@ -24,6 +25,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,24 @@ class RedisServer(Server):
         """Whether the server runs and is not frozen."""
         return self.running and not self.frozen
 
+    @property
+    def linked(self) -> bool:
+        """Whether the server is a replica whose link to its primary is up (it copies
+        the primary's writes as they come)."""
+        with self.client() as client:
+            replication = client.info("replication")
+        return bool(replication["role"] == "slave" and replication["master_link_status"] == "up")
+
+    def present(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` the server has, unexpired; a cluster node is asked even if
+        it is a replica (READONLY), as long as it has the keys' slots."""
+        with redis.Redis.from_url(
+            self.url, decode_responses=True, single_connection_client=True
+        ) as client:
+            if client.info("cluster").get("cluster_enabled") == 1:
+                client.execute_command("READONLY")
+            return {key for key in keys if client.exists(key)}
+
     def _answers(self) -> None:
         with self.client() as client:
             client.ping()
@@ -255,6 +275,34 @@ class RedisCluster:
             for address, seen in self._view().items()
             if "master" in seen["flags"] and "fail" not in seen["flags"] and seen["slots"]
         ]
+
+    def replicas_of(self, primary: RedisServer) -> list[RedisServer]:
+        """The replicas of ``primary``, as a responding node sees it."""
+        view = self._view()
+        its_id = view[f"127.0.0.1:{primary.port}"]["node_id"]
+        return [self.node(address) for address, seen in view.items() if seen["master_id"] == its_id]
+
+    def cut_replication(self, primary: RedisServer, limit: float = 10.0) -> list[RedisServer]:
+        """Cut the replication links of ``primary``: its replicas stay in the cluster,
+        and one of them still takes over once it fails, but they copy none of the writes
+        it takes from now on. Return them, once each says its link is down.
+
+        The primary turns away the requests by which a replica copies it (PSYNC, SYNC):
+        a replica connects as the default user, whose other commands (all a client such
+        as tierlock sends) it still takes; then it drops the replicas' connections. Each
+        replica tries again every second, and is refused each time (NOPERM).
+        """
+        replicas = self.replicas_of(primary)
+        with primary.client() as client:
+            client.execute_command("ACL", "SETUSER", "default", "-psync", "-sync")
+            client.client_kill_filter(_type="replica")
+        deadline = time.monotonic() + limit
+        for replica in replicas:
+            while replica.linked:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{replica.port} is still linked to {primary.port}")
+                time.sleep(POLL)
+        return replicas
 
     def wait_for_replicas(self, limit: float = 10.0) -> None:
         """Wait until the replicas of each running primary have applied every write it
