@@ -17,10 +17,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 import tierlock
-from tierlock.backends import engine_of
 from tierlock.backends.files.names import parse_url as parse_file_url
 from tierlock.backends.zookeeper.address import parse_url
-from tierlock.urls import hide_password
+from tierlock.urls import engine_of, hide_password
 
 # How long a client may take to reach its server before the server counts as unreachable.
 CONNECT_LIMIT = 5.0

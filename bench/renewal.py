@@ -28,7 +28,7 @@ from multiprocessing.queues import Queue
 from typing import Any
 
 import tierlock
-from tierlock.backends import engine_of
+from tierlock.urls import engine_of
 
 from .drivers import count_file_calls, count_statements
 from .interface import TTL, WAIT_LIMIT

@@ -15,11 +15,13 @@ from typing import Any
 
 import procs
 import pytest
+from counting import CountingCursor, DriverStatements
 from engines import ENGINES, SQL, drop_namespace, keeps_expired, require_server
 from proxy import Proxy
 from scratch import Scratch
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
 
@@ -260,3 +262,16 @@ def children() -> Iterator[procs.Children]:
         yield group
     finally:
         group.kill_all()
+
+
+@pytest.fixture
+def driver_statements(monkeypatch: pytest.MonkeyPatch) -> DriverStatements:
+    """Every statement sent to a driver cursor of a pooled connection during the test."""
+    statements = DriverStatements()
+    cursor = _ConnectionFairy.cursor
+
+    def counting_cursor(self: _ConnectionFairy, *args: object, **kwargs: object) -> object:
+        return CountingCursor(cursor(self, *args, **kwargs), statements)
+
+    monkeypatch.setattr(_ConnectionFairy, "cursor", counting_cursor)
+    return statements

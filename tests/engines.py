@@ -11,8 +11,7 @@ import shutil
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from tierlock.backends import engine_of
-from tierlock.urls import hide_password
+from tierlock.urls import engine_of, hide_password
 
 ENGINES = {
     "sqlite": None,  # a fresh file per test, under tmp_path

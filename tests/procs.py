@@ -37,7 +37,7 @@ from polling import wait_until
 from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
-from tierlock.backends import engine_of
+from tierlock.urls import engine_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -472,9 +472,11 @@ class Children:
 
 
 def run_python(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python *args`` as a user would, with this checkout importable."""
+    """Run ``python *args`` as a user would, with this checkout (and the tests' helpers,
+    for a test module run as a script) importable."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    paths = [str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,

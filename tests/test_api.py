@@ -1,13 +1,26 @@
-"""The public surface: exported names, the exception tree, pickling."""
+"""The public surface: exported names, every name README shows, the exception tree,
+pickling."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import importlib.util
 import pickle
+import re
 import types
 
+import procs
 import pytest
 
 import tierlock
+
+# ``from tierlock... import a, b`` and ``import tierlock...`` lines of README's code, and
+# the ``tierlock.Name`` it uses.
+README_IMPORTS = re.compile(
+    r"^\s*(?:from (tierlock[\w.]*) import ([\w, ]+)|import (tierlock[\w.]*))", re.M
+)
+README_NAMES = re.compile(r"\btierlock\.([A-Z]\w*)")
 
 
 def test_all_public_names_are_exported() -> None:
@@ -18,6 +31,29 @@ def test_all_public_names_are_exported() -> None:
         if not name.startswith("_") and not isinstance(getattr(tierlock, name), types.ModuleType)
     }
     assert public == set(tierlock.__all__) - {"__version__"}
+
+
+def test_every_name_readme_shows_is_there() -> None:
+    """README's imports and ``tierlock.Name``s, the command and the pytest plugin's
+    entry point all resolve, wherever the modules behind them live."""
+    readme = (procs.ROOT / "README.md").read_text(encoding="utf-8")
+    imported = README_IMPORTS.findall(readme)
+    assert len(imported) > 5
+    for module, names, whole in imported:
+        if whole:
+            importlib.import_module(whole)
+            continue
+        found = importlib.import_module(module)
+        for name in (part.strip() for part in names.split(",")):
+            assert hasattr(found, name) or importlib.util.find_spec(f"{module}.{name}"), (
+                f"from {module} import {name}"
+            )
+    for name in set(README_NAMES.findall(readme)):
+        assert hasattr(tierlock, name), f"tierlock.{name}"
+    entry_points = importlib.metadata.entry_points()
+    (command,) = entry_points.select(group="console_scripts", name="tierlock")
+    (plugin,) = entry_points.select(group="pytest11", name="tierlock")
+    assert callable(command.load()) and isinstance(plugin.load(), types.ModuleType)
 
 
 def test_exception_tree() -> None:

@@ -21,8 +21,8 @@ import pytest
 import rwboard
 import rwsoak
 from conftest import SHARED_HOLDS, MakeManager
+from counting import DriverStatements
 from polling import wait_until
-from test_leases import DriverStatements, driver_statements  # noqa: F401
 
 import tierlock
 
@@ -48,7 +48,7 @@ WRITER_HOLD = 0.2
 # database (a new reader process was refused) must not get in before the writer. The
 # room is for an answer "the readers' group is open" that was under way at that moment:
 # the readers of a process that read-holds the key may join its hold with no statement
-# for a moment after such an answer (tierlock.reading.JOIN_WINDOW, 0.05 s).
+# for a moment after such an answer (tierlock.tier1.reading.JOIN_WINDOW, 0.05 s).
 VISIBLE_AFTER = 0.1
 PROBE_PAUSE = 0.002  # how often the test tries a new reader while the writer waits
 READERS_SHARING = 8
@@ -227,7 +227,7 @@ def run_threads(count: int, target: Callable[[], None]) -> None:
 def test_overlapping_readers_of_a_process_share_one_database_hold(
     make_manager: MakeManager,
     key: str,
-    driver_statements: DriverStatements,  # noqa: F811
+    driver_statements: DriverStatements,
 ) -> None:
     """Eight reader threads of one manager, all inside their read holds of one key at
     once (a barrier inside the hold), insert one hold's rows, not eight."""

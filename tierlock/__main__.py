@@ -1,5 +1,5 @@
 """``python -m tierlock``: the same as the ``tierlock`` command."""
 
-from .cli import main
+from .tools.cli import main
 
 main(prog_name="tierlock")

@@ -8,17 +8,18 @@ import os
 import weakref
 from typing import TYPE_CHECKING
 
-from .backends import LockBackend, open_backend
-from .cohorts import released
+from .backends import LockBackend
+from .backends.opening import open_backend
 from .errors import LockError
 from .lock import callback, flag, seconds
 from .reaper import Reaper
 from .stats import Counters, LockStats
+from .tier1.cohorts import released
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from .tiers import OnLost
+    from .tier1.tiers import OnLost
 
 __all__ = [
     "DEFAULT_DATABASE_TIMEOUT",

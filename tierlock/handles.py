@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .keys import KeyLike
-from .lock import Handle, seconds
-from .pollers import shared_holds
+from .lock import Handle, Parts, seconds
+from .tier1.pollers import shared_holds
 
 if TYPE_CHECKING:
-    from .manager import LockManager
-    from .tiers import OnLost
+    from .tier1.tiers import OnLost
 
 __all__ = ["MOST_PERMITS", "ReadLock", "Semaphore", "permit_count"]
 
@@ -94,7 +93,7 @@ class Semaphore(Handle):
 
     def __init__(
         self,
-        manager: LockManager,
+        manager: Parts,
         key: KeyLike,
         permits: int,
         *,

@@ -14,10 +14,12 @@ from .errors import LockError, LockTimeout
 from .keys import KeyLike, make_key
 
 if TYPE_CHECKING:
-    from .manager import LockManager
-    from .tiers import OnLost
+    from .backends import LockBackend
+    from .tier1.permits import Permits
+    from .tier1.reading import Readers
+    from .tier1.tiers import OnLost, Tiers
 
-__all__ = ["Defaults", "Handle", "Lock", "Options", "callback", "flag", "seconds"]
+__all__ = ["Defaults", "Handle", "Lock", "Options", "Parts", "callback", "flag", "seconds"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,16 @@ class Defaults(Protocol):
     on_lost: OnLost | None
 
 
+class Parts(Defaults, Protocol):
+    """What a handle reaches in its ``LockManager``: tier 1 of each kind of hold, and the
+    backend (typed here, so that the handles need not import the manager)."""
+
+    _tiers: Tiers
+    _reads: Readers
+    _permits: Permits
+    _backend: LockBackend
+
+
 class Options:
     """What every handle on a key has, sync or async: its options, and the checks of
     the arguments of ``acquire``."""
@@ -146,7 +158,7 @@ class Handle(Options, abc.ABC):
     """A handle of a ``LockManager``: ``with``, and the kinds of hold as subclasses."""
 
     __slots__ = ()
-    _manager: LockManager
+    _manager: Parts
 
     @abc.abstractmethod
     def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...

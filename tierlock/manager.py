@@ -20,10 +20,10 @@ from .base import (
 from .handles import ReadLock, Semaphore
 from .keys import KeyLike, KeyTemplate, make_key
 from .lock import Lock, seconds
-from .permits import Permits
-from .reading import Readers
 from .records import LockInfo
-from .tiers import OnLost, Tiers
+from .tier1.permits import Permits
+from .tier1.reading import Readers
+from .tier1.tiers import OnLost, Tiers
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .backends import engine_label
 from .manager import LockManager
 from .stats import Observer
+from .urls import engine_label
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation

@@ -36,10 +36,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..backends import Doorbell, LockBackend
-from ..cohorts import Cohorts
 from ..errors import LockError
-from ..leases import Heartbeat
 from ..stats import Counters
+from ..tier1.cohorts import Cohorts
+from ..tier1.leases import Heartbeat
 
 __all__ = ["Core"]
 

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 
 from ..backends import Doorbell
-from ..cohorts import COURTESY_PAUSE, released
 from ..errors import LockError, LockLostError, NotHeldError
 from ..records import Hold
-from ..tiers import FIRST_POLL, OnLost, pass_locally, passes_locally
+from ..tier1.cohorts import COURTESY_PAUSE, released
+from ..tier1.tiers import FIRST_POLL, OnLost, pass_locally, passes_locally
 from .core import Core
 from .waiters import Waiter, current_task, extend_hold, within
 

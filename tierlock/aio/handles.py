@@ -5,31 +5,57 @@ from __future__ import annotations
 
 import abc
 import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from ..errors import LockError, LockTimeout
 from ..handles import permit_count
 from ..keys import KeyLike
-from ..lock import Options, seconds
-from ..pollers import shared_holds
+from ..lock import Defaults, Options, seconds
+from ..tier1.pollers import shared_holds
 
 if TYPE_CHECKING:
     from ..records import Hold
-    from .manager import AsyncLockManager, AsyncOnLost
+    from ..tier1.tiers import OnLost
+    from .core import Core
+    from .exclusive import Exclusive
+    from .shared import Shares
 
-__all__ = ["AsyncHandle", "AsyncLock", "AsyncReadLock", "AsyncSemaphore"]
+__all__ = [
+    "AsyncHandle",
+    "AsyncLock",
+    "AsyncOnLost",
+    "AsyncParts",
+    "AsyncReadLock",
+    "AsyncSemaphore",
+]
+
+#: ``on_lost(key, token)``: a plain function, called in a tierlock thread, or a
+#: coroutine function, run as a task in the manager's event loop.
+AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
 
 logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound="AsyncHandle")
 
 
+class AsyncParts(Defaults, Protocol):
+    """What an async handle reaches in its ``AsyncLockManager`` (typed here, so that the
+    handles need not import the manager)."""
+
+    _core: Core
+    _exclusive: Exclusive
+    _shares: Shares
+
+    def _reporter(self, on_lost: Any) -> OnLost | None: ...
+
+
 class AsyncHandle(Options, abc.ABC):
     """What every async handle has: its options and ``async with``."""
 
     __slots__ = ()
-    _manager: AsyncLockManager
+    _manager: AsyncParts
 
     @abc.abstractmethod
     async def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
@@ -189,7 +215,7 @@ class AsyncSemaphore(AsyncHandle):
 
     def __init__(
         self,
-        manager: AsyncLockManager,
+        manager: AsyncParts,
         key: KeyLike,
         permits: int,
         *,

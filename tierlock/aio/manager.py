@@ -19,10 +19,10 @@ from ..base import (
 )
 from ..keys import KeyLike, KeyTemplate, make_key
 from ..records import LockInfo
-from ..tiers import OnLost
+from ..tier1.tiers import OnLost
 from .core import Core
 from .exclusive import Exclusive
-from .handles import AsyncLock, AsyncReadLock, AsyncSemaphore
+from .handles import AsyncLock, AsyncOnLost, AsyncReadLock, AsyncSemaphore
 from .shared import Shares
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ __all__ = ["AsyncLockManager", "AsyncOnLost"]
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-#: ``on_lost(key, token)``: a plain function, called in a tierlock thread, or a
-#: coroutine function, run as a task in the manager's event loop.
-AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
 
 
 class AsyncLockManager(ManagerBase):

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from ..backends import Doorbell, SharedHolds
 from ..errors import LockError, LockLostError, NotHeldError
 from ..keys import permit_key, reader_key
-from ..pollers import reporting, shared_holds
 from ..records import Hold, Owner
-from ..tiers import FIRST_POLL, OnLost
+from ..tier1.pollers import reporting, shared_holds
+from ..tier1.tiers import FIRST_POLL, OnLost
 from .core import Core
 from .exclusive import Exclusive
 from .waiters import Waiter, current_task, extend_hold

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import LockError, LockLostError
 from ..records import Hold, Owner
-from ..tiers import OnLost
+from ..tier1.tiers import OnLost
 from .core import Core
 
 __all__ = ["Waiter", "current_task", "extend_hold", "within"]

@@ -11,23 +11,15 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from ..records import NO_BOUND, LockInfo, Owner, Promise
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    from ..stats import Counters
 
 __all__ = [
     "Doorbell",
     "LockBackend",
     "Share",
     "SharedHolds",
-    "engine_label",
-    "engine_of",
-    "open_backend",
 ]
 
 
@@ -293,77 +285,3 @@ class Doorbell:
 
     def close(self) -> None:
         pass
-
-
-# URL schemes of the engines that are not SQL; any other URL is SQLAlchemy's.
-ENGINE_SCHEMES = {
-    "redis": "redis",
-    "rediss": "redis",
-    "redis+cluster": "redis",
-    "rediss+cluster": "redis",
-    "zookeeper": "zookeeper",
-    "file": "file",
-}
-
-
-def engine_of(url: str) -> str:
-    """The engine a URL names: ``"redis"``, ``"zookeeper"``, ``"file"`` or ``"sql"``."""
-    return ENGINE_SCHEMES.get(url.partition(":")[0].lower(), "sql")
-
-
-def engine_label(url: str) -> str:
-    """What metrics and messages call ``url``'s engine: ``"redis"``, ``"zookeeper"``,
-    ``"file"``, or SQLAlchemy's name of the database (``"sqlite"``, ``"mysql"``,
-    ``"postgresql"``)."""
-    kind = engine_of(url)
-    if kind != "sql":
-        return kind
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).get_backend_name()
-
-
-def open_backend(
-    url: str | None,
-    engine: Engine | None,
-    *,
-    table: str,
-    create_table: bool,
-    ttl: float,
-    counters: Counters,
-    timeout: float,
-) -> LockBackend:
-    """The backend for a URL (its scheme picks the engine) or a ready SQLAlchemy engine.
-
-    ``ttl`` is the manager's default lease (a ZooKeeper session's timeout);
-    ``counters`` receives the backend's events; ``timeout`` bounds, in seconds, how
-    long one operation keeps trying to reach the engine.
-    """
-    kind = "sql" if url is None else engine_of(url)
-    if kind != "sql":
-        if engine is not None:
-            raise ValueError("give a database URL or an engine, not both")
-        assert url is not None
-        if kind == "redis":
-            from .redis import RedisBackend
-
-            return RedisBackend(url, table=table, counters=counters, timeout=timeout)
-        if kind == "file":
-            from .files import FileBackend
-
-            return FileBackend(
-                url, table=table, create_table=create_table, counters=counters, timeout=timeout
-            )
-        from .zookeeper import ZooKeeperBackend
-
-        return ZooKeeperBackend(url, table=table, ttl=ttl, counters=counters, timeout=timeout)
-    from .sql import SQLBackend
-
-    return SQLBackend(
-        url=url,
-        engine=engine,
-        table=table,
-        create_table=create_table,
-        counters=counters,
-        timeout=timeout,
-    )

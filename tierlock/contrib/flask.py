@@ -44,14 +44,14 @@ from flask.cli import AppGroup
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from .. import admin
 from ..backends.basics import check_table_name
 from ..base import DEFAULT_TABLE, DEFAULT_TTL
 from ..errors import BackendError, LockError
 from ..keys import KeyLike
 from ..lock import Lock, seconds
 from ..manager import LockManager
-from ..tiers import OnLost
+from ..tier1.tiers import OnLost
+from ..tools import admin
 from ..urls import shown_url
 from .lazy import LazyLockManager, synchronized_by
 

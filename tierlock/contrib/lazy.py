@@ -28,7 +28,7 @@ from ..lock import Lock
 from ..manager import LockManager
 from ..records import LockInfo
 from ..stats import LockStats
-from ..tiers import OnLost
+from ..tier1.tiers import OnLost
 
 __all__ = ["LazyLockManager"]
 

@@ -15,11 +15,10 @@ from typing import NamedTuple
 from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, Text, create_engine
 from sqlalchemy.dialects import mysql
 
-from ..backends import engine_of
 from ..backends.sql.columns import LockKeyType
 from ..errors import LockError
 from ..manager import LockManager
-from ..urls import hide_password
+from ..urls import engine_of, hide_password
 
 __all__ = ["Outcome", "Results"]
 

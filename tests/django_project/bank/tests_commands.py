@@ -11,9 +11,10 @@ import pytest
 from django.test import TransactionTestCase
 from sqlalchemy.engine import make_url
 
-from tierlock import LockLostError, admin
+from tierlock import LockLostError
 from tierlock.contrib.django import locks
 from tierlock.contrib.django.conf import resolve
+from tierlock.tools import admin
 
 from .tests import run_manage
 

@@ -6,7 +6,7 @@ from collections.abc import Hashable
 
 from ...keys import KeyLike
 from ...manager import LockManager
-from ...tiers import OnLost
+from ...tier1.tiers import OnLost
 from ..lazy import LazyLockManager
 from . import conf
 from .schema import open_manager

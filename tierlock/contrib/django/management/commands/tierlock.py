@@ -1,6 +1,6 @@
 """``manage.py tierlock ls [--json] | release KEY --force | reap``: the ``tierlock``
 command's admin commands on the lock table of ``settings.TIERLOCK``, with the same
-output (``tierlock.admin``) and exit codes: 0 success; 1 the database or the table
+output (``tierlock.tools.admin``) and exit codes: 0 success; 1 the database or the table
 failed (``CommandError: <why>`` on stderr); 2 bad usage, ``release`` without
 ``--force`` included."""
 
@@ -15,9 +15,10 @@ from django.core.management.base import BaseCommand, CommandError
 from rich.console import Console
 from sqlalchemy.engine import make_url
 
-from tierlock import LockError, LockManager, admin
+from tierlock import LockError, LockManager
 from tierlock.contrib.django.conf import resolve
 from tierlock.contrib.django.schema import LockTableError, open_manager
+from tierlock.tools import admin
 
 
 class Command(BaseCommand):  # type: ignore[misc]

@@ -36,9 +36,9 @@ from servers import ServerUnavailable
 from zk_servers import ZooKeeperServer
 
 import tierlock
-from tierlock import tiers
 from tierlock.backends.zookeeper.nodes import Paths
 from tierlock.backends.zookeeper.waiting import FRESH
+from tierlock.tier1 import tiers
 
 pytestmark = pytest.mark.zookeeper
 

@@ -21,12 +21,12 @@ import threading
 import time
 from typing import Any
 
+from ..backends import LockBackend
+from ..errors import LockError
+from ..records import Hold
 from . import cohorts
-from .backends import LockBackend
-from .errors import LockError
 from .leases import Heartbeat
 from .local import Registry
-from .records import Hold
 
 __all__ = ["Keeper"]
 

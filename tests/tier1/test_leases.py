@@ -15,60 +15,12 @@ import time
 import procs
 import pytest
 from conftest import SERVERS, MakeManager
+from counting import HEARTBEAT, DriverStatements
 from polling import wait_until
 from proxy import Proxy
-from sqlalchemy.pool.base import _ConnectionFairy
 
 import tierlock
-from tierlock import cohorts
-
-HEARTBEAT = "tierlock-heartbeat"  # the heartbeat thread's name
-
-
-class DriverStatements:
-    """Every statement sent to a driver cursor of a pooled connection in this process,
-    with the name of the thread that sent it."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str]] = []
-        self._mutex = threading.Lock()
-
-    def add(self, statement: str) -> None:
-        with self._mutex:
-            self.sent.append((threading.current_thread().name, statement))
-
-    def count(self, *, thread: str | None = None, but: str | None = None) -> int:
-        with self._mutex:
-            return sum(
-                1
-                for name, _ in self.sent
-                if (thread is None or name == thread) and (but is None or name != but)
-            )
-
-
-class _CountingCursor:
-    def __init__(self, cursor: object, statements: DriverStatements) -> None:
-        self._cursor = cursor
-        self._statements = statements
-
-    def execute(self, statement: str, *parameters: object) -> object:
-        self._statements.add(statement)
-        return self._cursor.execute(statement, *parameters)  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._cursor, name)
-
-
-@pytest.fixture
-def driver_statements(monkeypatch: pytest.MonkeyPatch) -> DriverStatements:
-    statements = DriverStatements()
-    cursor = _ConnectionFairy.cursor
-
-    def counting_cursor(self: _ConnectionFairy, *args: object, **kwargs: object) -> object:
-        return _CountingCursor(cursor(self, *args, **kwargs), statements)
-
-    monkeypatch.setattr(_ConnectionFairy, "cursor", counting_cursor)
-    return statements
+from tierlock.tier1 import cohorts
 
 
 @pytest.mark.slow
@@ -249,7 +201,7 @@ def test_short_outage_within_the_lease_loses_nothing(
     locks = proxied(ttl=3.0, database_timeout=0.5, on_lost=lambda *call: calls.append(call))
     lock = locks.lock(key)
     assert lock.acquire()
-    caplog.set_level(logging.WARNING, logger="tierlock.leases")
+    caplog.set_level(logging.WARNING, logger="tierlock.tier1.leases")
     proxy.refuse_all()
     wait_until(lambda: "renewing 1 lock(s) failed" in caplog.text, "a failed renewal")
     proxy.accept_new()

@@ -14,10 +14,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .errors import LockError, LockLostError, NotHeldError
-from .keys import permit_key
+from ..errors import LockError, LockLostError, NotHeldError
+from ..keys import permit_key
+from ..records import Hold, Owner
 from .pollers import poll, reporting, shared_holds
-from .records import Hold, Owner
 
 if TYPE_CHECKING:
     from .tiers import OnLost, Tiers

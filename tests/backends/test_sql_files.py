@@ -7,12 +7,12 @@ as soon as either drifts; then it is run on the real server and a manager with
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ddl import normalise, split
 from sqlalchemy import inspect, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
@@ -21,7 +21,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 import tierlock
 from tierlock.backends.sql.table import lock_table
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 DEFAULT_TABLE = "tierlock_locks"
 
 # The file for each database, and the dialect tierlock compiles the table with there.
@@ -33,22 +33,6 @@ FILES: dict[str, tuple[str, Callable[[], Dialect]]] = {
     "mariadb": ("mysql.sql", lambda: mysql.dialect(is_mariadb=True)),
     "postgresql": ("postgresql.sql", postgresql.dialect),
 }
-
-
-def without_comments(script: str) -> str:
-    return "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
-
-
-def split(script: str) -> list[str]:
-    """The statements of a DDL script, as written, comment lines dropped."""
-    return [part.strip() for part in without_comments(script).split(";") if part.strip()]
-
-
-def normalise(statement: str) -> str:
-    """One statement with its layout removed: runs of whitespace become one space, and
-    none is kept next to parentheses and commas."""
-    statement = re.sub(r"\s+", " ", statement)
-    return re.sub(r" ?([(),]) ?", r"\1", statement).strip()
 
 
 def compiled_ddl(dialect: Dialect) -> list[str]:

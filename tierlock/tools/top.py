@@ -13,9 +13,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from ..errors import BackendError
+from ..manager import LockManager
 from . import admin
-from .errors import BackendError
-from .manager import LockManager
 
 __all__ = ["DATABASE_TIMEOUT", "watch"]
 

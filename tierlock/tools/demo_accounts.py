@@ -17,7 +17,7 @@ from sqlalchemy import Column, Integer, MetaData, create_engine, event, func, in
 from sqlalchemy import Table as SQLTable
 from sqlalchemy.engine import make_url
 
-from .backends import engine_of
+from ..urls import engine_of
 
 __all__ = ["Accounts", "accounts_name", "open_accounts"]
 
@@ -173,7 +173,7 @@ class ZooKeeperAccounts(Accounts):
     def __init__(self, url: str, table: str, timeout: float = 30.0) -> None:
         from kazoo.client import KazooClient
 
-        from .backends.zookeeper.address import parse_url
+        from ..backends.zookeeper.address import parse_url
 
         address = parse_url(url)  # (the lock manager made the chroot)
         auth = [("digest", address.credentials)] if address.credentials else None
@@ -214,7 +214,7 @@ class FileAccounts(Accounts):
     the file's text, read and overwritten in place."""
 
     def __init__(self, url: str, table: str) -> None:
-        from .backends.files.names import parse_url
+        from ..backends.files.names import parse_url
 
         self._root = os.path.join(parse_url(url), accounts_name(table))
 

@@ -27,8 +27,8 @@ import collections
 import threading
 from typing import Any, Generic, TypeVar
 
-from .errors import LockError, NotHeldError
-from .stats import Counters
+from ..errors import LockError, NotHeldError
+from ..stats import Counters
 
 __all__ = ["Registry", "Waiter"]
 

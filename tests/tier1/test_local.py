@@ -11,8 +11,8 @@ import pytest
 from polling import wait_until
 
 from tierlock.errors import NotHeldError
-from tierlock.local import Registry
 from tierlock.stats import Counters
+from tierlock.tier1.local import Registry
 
 
 def _hold_in_thread(registry: Registry[str, None], key: str, started: threading.Event) -> None:

@@ -12,7 +12,7 @@ from engines import ENGINES, SQL
 
 import tierlock
 from tierlock.aio import AsyncLockManager
-from tierlock.backends import engine_label
+from tierlock.urls import engine_label
 
 OTHERS = [
     pytest.param(name, marks=getattr(pytest.mark, name)) for name in ENGINES if name not in SQL

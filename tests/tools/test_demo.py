@@ -14,16 +14,16 @@ from click.testing import CliRunner
 from engines import left_over
 from rich.console import Console
 
-from tierlock.cli import main
-from tierlock.demo import (
+from tierlock.stats import LockStats
+from tierlock.tools.cli import main
+from tierlock.tools.demo import (
     OPENING_BALANCE,
     DemoConfig,
     DemoRun,
     run_demo,
 )
-from tierlock.demo_accounts import accounts_name
-from tierlock.demo_report import report
-from tierlock.stats import LockStats
+from tierlock.tools.demo_accounts import accounts_name
+from tierlock.tools.demo_report import report
 
 ACCOUNTS = 6  # few accounts, so that unguarded transfers collide all the time
 

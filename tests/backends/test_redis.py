@@ -30,10 +30,10 @@ from redis_servers import RedisCluster, RedisServer, self_signed_certificate
 from servers import ServerUnavailable
 
 import tierlock
-from tierlock.backends import ENGINE_SCHEMES
 from tierlock.backends.basics import HANDOFF_BITS
 from tierlock.backends.redis.layout import names
 from tierlock.backends.redis.scripts import ACQUIRE, RELEASE
+from tierlock.urls import ENGINE_SCHEMES
 
 pytestmark = pytest.mark.redis
 

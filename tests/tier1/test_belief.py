@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 import tierlock
 from tierlock.backends.sql.notify import channel_name
-from tierlock.tiers import CONFIRMED_WITHIN
+from tierlock.tier1.tiers import CONFIRMED_WITHIN
 
 # Whether a session of the server runs (or last ran) the given LISTEN.
 LISTENING = text("SELECT count(*) FROM pg_stat_activity WHERE query = :query")
@@ -96,7 +96,7 @@ def test_the_heartbeat_survives_hand_offs_between_renewed_and_fixed_leases(
 def test_an_error_in_a_beat_is_counted_and_the_next_beat_runs(
     make_manager: MakeManager, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    manager, rival = make_manager(ttl=0.6), make_manager()
+    manager, rival = make_manager(ttl=2.0), make_manager()
     backend = manager._backend
     renew = backend.renew
     failed = threading.Event()

@@ -36,11 +36,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from .backends import LockBackend
-from .errors import LockError, LockLostError, PartialRenewal
-from .keys import user_key
-from .records import NO_BOUND, Hold, lease_end
-from .stats import Counters
+from ..backends import LockBackend
+from ..errors import LockError, LockLostError, PartialRenewal
+from ..keys import user_key
+from ..records import NO_BOUND, Hold, lease_end
+from ..stats import Counters
 
 __all__ = ["Heartbeat"]
 

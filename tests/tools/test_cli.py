@@ -20,12 +20,12 @@ import procs
 import pytest
 from click.testing import CliRunner, Result
 from conftest import SHARED_HOLDS
+from ddl import normalise, split
 from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
-from test_sql_files import normalise, split
 
 import tierlock
-from tierlock.cli import main
+from tierlock.tools.cli import main
 
 SQL_DIR = procs.ROOT / "sql"
 # Nothing listens on port 1, so a connection there is refused at once.

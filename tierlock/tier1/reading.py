@@ -25,11 +25,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .backends import SharedHolds
-from .errors import LockError, LockLostError, NotHeldError
-from .keys import reader_key
+from ..backends import SharedHolds
+from ..errors import LockError, LockLostError, NotHeldError
+from ..keys import reader_key
+from ..records import Hold, Owner
 from .pollers import poll, reporting, shared_holds, unlocked
-from .records import Hold, Owner
 
 if TYPE_CHECKING:
     from .tiers import OnLost, Tiers

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import procs
 import pytest
 from conftest import MakeManager
+from counting import HEARTBEAT, DriverStatements
 from polling import wait_until
-from test_leases import HEARTBEAT, DriverStatements, driver_statements  # noqa: F401
 
 import tierlock
-from tierlock import cohorts
+from tierlock.tier1 import cohorts
 
 
 def in_a_thread(call: Callable[[], bool]) -> bool:
@@ -46,7 +46,7 @@ def take_and_let_go(lock: tierlock.Lock) -> tuple[bool, int | None]:
 def test_a_try_turned_away_gets_the_kept_hold_with_no_statement(
     make_manager: MakeManager,
     key: str,
-    driver_statements: DriverStatements,  # noqa: F811
+    driver_statements: DriverStatements,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(cohorts, "KEEP_TIME", procs.WAIT_LIMIT)  # kept until close()
@@ -112,7 +112,7 @@ def test_a_kept_cohort_ends_at_its_bound(
 def test_a_key_hot_elsewhere_fails_tries_from_memory_until_released_here(
     make_manager: MakeManager,
     key: str,
-    driver_statements: DriverStatements,  # noqa: F811
+    driver_statements: DriverStatements,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # (Milliseconds each, which a thread's start may take on a busy machine.)

@@ -20,7 +20,7 @@ from polling import wait_until
 from proxy import Proxy
 
 import tierlock
-from tierlock import cohorts
+from tierlock.tier1 import cohorts
 
 # Generous bounds for things that happen at once when the lock works; a ghost holder,
 # a stranded waiter or an orphan row would keep them waiting for a 30 s lease.

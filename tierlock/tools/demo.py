@@ -27,10 +27,10 @@ from multiprocessing.synchronize import Barrier
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..manager import LockManager
+from ..stats import LockStats
+from ..urls import shown_url
 from .demo_accounts import Accounts, open_accounts
-from .manager import LockManager
-from .stats import LockStats
-from .urls import shown_url
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 

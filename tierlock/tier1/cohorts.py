@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import time
 
-from .backends import LockBackend
-from .records import Hold
+from ..backends import LockBackend
+from ..records import Hold
 
 __all__ = ["COURTESY_PAUSE", "KEEP_TIME", "Cohorts", "released"]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from ..stats import LockStats
 from .demo import DemoConfig, DemoRun, counted
-from .stats import LockStats
 
 __all__ = ["report"]
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from .backends import Doorbell, LockBackend, SharedHolds
-from .errors import LockError
+from ..backends import Doorbell, LockBackend, SharedHolds
+from ..errors import LockError
 from .tiers import FIRST_POLL
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .errors import BackendError
-from .records import LockInfo
+from ..errors import BackendError
+from ..records import LockInfo
 
 __all__ = [
     "FORCE_NEEDED",

@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
-from .backends import Doorbell, LockBackend
+from ..backends import Doorbell, LockBackend
+from ..errors import LockError, LockLostError, NotHeldError
+from ..records import Hold, Owner
+from ..stats import Counters
 from .cohorts import COURTESY_PAUSE, Cohorts, released
-from .errors import LockError, LockLostError, NotHeldError
 from .keeping import Keeper
 from .leases import Heartbeat
 from .local import Registry, Waiter
-from .records import Hold, Owner
-from .stats import Counters
 
 __all__ = ["CONFIRMED_WITHIN", "FIRST_POLL", "OnLost", "Tiers", "pass_locally", "passes_locally"]
 

@@ -25,11 +25,14 @@ from rich.console import Console
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from . import __version__, admin
-from .backends import engine_of
-from .backends.basics import check_table_name
-from .backends.sql.ddl import table_ddl
-from .base import DEFAULT_TABLE, DEFAULT_URL
+from .. import __version__
+from ..backends.basics import check_table_name
+from ..backends.sql.ddl import table_ddl
+from ..base import DEFAULT_TABLE, DEFAULT_URL
+from ..errors import BackendError, LockError
+from ..manager import LockManager
+from ..urls import engine_of, hide_password, shown_url
+from . import admin
 from .demo import (
     DEFAULT_ACCOUNTS,
     DEFAULT_PROCESSES,
@@ -39,10 +42,7 @@ from .demo import (
     run_demo,
 )
 from .demo_report import report
-from .errors import BackendError, LockError
-from .manager import LockManager
 from .top import DATABASE_TIMEOUT, watch
-from .urls import hide_password, shown_url
 
 __all__ = ["main"]
 
