@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 
+import procs
 import pytest
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import SingletonThreadPool
+from uninstalled import ALL_SCHEMES, EXTRA_MODULES, without
 
 import tierlock
+from tierlock.aio import AsyncLockManager
 
 MakeManager = Callable[..., tierlock.LockManager]
 
@@ -222,3 +229,141 @@ def test_keys_are_compared_exactly(manager: tierlock.LockManager) -> None:
         assert info is not None and info.token == lock.token
         lock.release()
     assert manager.holders() == []
+
+
+# -- URLs a user gets wrong, and engines whose library is not installed ----------------
+
+# URLs whose engine imports one of them (nothing is reached: nothing listens on port 1),
+# that module, and the fix the error names.
+MISSING_LIBRARIES = [
+    ("redis://127.0.0.1:1/0", "redis", 'pip install "tierlock[redis]"'),
+    ("rediss+cluster://127.0.0.1:1", "redis", 'pip install "tierlock[redis]"'),
+    ("zookeeper://127.0.0.1:1/x", "kazoo", 'pip install "tierlock[zookeeper]"'),
+    ("mysql://root@127.0.0.1:1/test", "pymysql", 'pip install "tierlock[mysql]"'),
+    ("mariadb://root@127.0.0.1:1/test", "pymysql", 'pip install "tierlock[mysql]"'),
+    ("mysql+pymysql://root@127.0.0.1:1/test", "pymysql", 'pip install "tierlock[mysql]"'),
+    ("postgresql://postgres@127.0.0.1:1/test", "psycopg", 'pip install "tierlock[postgres]"'),
+    ("postgresql+psycopg://u@127.0.0.1:1/test", "psycopg", 'pip install "tierlock[postgres]"'),
+]
+# The child tries both managers on each URL it is given, and prints what each raised.
+OPEN_EACH = """
+import json, sys
+import tierlock, tierlock.aio
+
+seen = []
+for url in sys.argv[1:]:
+    for make in (tierlock.LockManager, tierlock.aio.AsyncLockManager):
+        try:
+            make(url, reaper_interval=None)
+        except tierlock.MissingDriverError as exc:
+            parents = [isinstance(exc, ImportError), isinstance(exc, tierlock.LockError)]
+            seen.append([url, make.__name__, *parents, exc.name, str(exc)])
+        else:
+            raise SystemExit(f"{url}: {make.__name__} opened without its library")
+print(json.dumps(seen))
+"""
+
+
+def test_a_library_not_installed_is_one_error_naming_its_extra(tmp_path: Path) -> None:
+    """Each engine's library, and each SQL database's driver, missing from the venv: both
+    managers raise MissingDriverError, an ImportError naming the module, whose message
+    says which extra to install."""
+
+    urls = [url for url, _, _ in MISSING_LIBRARIES]
+    result = procs.run_python("-c", without(*EXTRA_MODULES) + OPEN_EACH, *urls, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = iter(json.loads(result.stdout))
+    for url, module, fix in MISSING_LIBRARIES:
+        scheme = url.partition(":")[0]
+        for manager in ("LockManager", "AsyncLockManager"):
+            assert next(seen) == [
+                url,
+                manager,
+                True,  # an ImportError
+                True,  # a LockError
+                module,
+                f"{scheme}:// URLs need the {module} package, which is not installed: {fix}",
+            ]
+    assert next(seen, None) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "fix"),
+    [
+        (
+            "mysql+mysqldb://root@127.0.0.1:1/test",
+            "MySQLdb",
+            'install it, or write mysql+pymysql:// and pip install "tierlock[mysql]"',
+        ),
+        (
+            "postgresql+psycopg2://postgres@127.0.0.1:1/test",
+            "psycopg2",
+            'install it, or write postgresql+psycopg:// and pip install "tierlock[postgres]"',
+        ),
+    ],
+)
+def test_a_driver_named_in_the_url_is_kept_and_said_missing(
+    url: str, module: str, fix: str
+) -> None:
+    """A ``+driver`` given is used as given. No extra installs these two, nor does this
+    venv have them, so the fix also offers the extra's driver."""
+
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    for make in (tierlock.LockManager, AsyncLockManager):
+        with pytest.raises(tierlock.MissingDriverError) as caught:
+            make(url, reaper_interval=None)
+        error = caught.value
+        assert isinstance(error, ImportError) and isinstance(error, tierlock.LockError)
+        assert (error.name, error.fix) == (module, fix)
+        assert str(error).endswith(f"which is not installed: {fix}")
+        copy = pickle.loads(pickle.dumps(error))  # errors cross processes whole
+        assert (type(copy), str(copy), copy.name) == (type(error), str(error), module)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("zookeper://127.0.0.1:2181", "unsupported database 'zookeper'"),
+        ("redis-cluster://127.0.0.1:1", "not a database URL"),  # (no scheme SQLAlchemy reads)
+    ],
+)
+def test_an_unknown_scheme_lists_every_engine(url: str, message: str) -> None:
+
+    for make in (tierlock.LockManager, AsyncLockManager):
+        with pytest.raises(ValueError, match=message) as caught:
+            make(url, reaper_interval=None)
+        listed = re.split(r", | or ", re.split(r": use | one of ", str(caught.value))[-1])
+        assert set(listed) == ALL_SCHEMES
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"]
+)
+def test_in_memory_sqlite_is_refused_for_what_it_is(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the manager, saying why, rather than sent on to make a table no one else sees."""
+    monkeypatch.chdir(tmp_path)  # where a relative SQLite file would appear
+    with pytest.raises(ValueError, match="in-memory") as caught:
+        tierlock.LockManager(url, reaper_interval=None)
+    assert "coordinates nothing" in str(caught.value)
+    assert "init" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+@pytest.mark.parametrize("scheme", ["mysql", "mariadb"])
+def test_a_mysql_url_without_a_driver_takes_pymysql(
+    db_url: str, table: str, key: str, scheme: str
+) -> None:
+    """README's mysql:// URLs work with the mysql extra's PyMySQL alone."""
+    url = db_url.replace("mysql+pymysql://", f"{scheme}://", 1)
+    assert url.startswith(f"{scheme}://root@")
+    with tierlock.LockManager(url, table=table, reaper_interval=None) as locks:
+        assert locks.url.startswith(f"{scheme}+pymysql://root@")
+        with locks.lock(key) as lock:
+            info = locks.info(key)
+            assert info is not None and info.token == lock.token
+        assert locks.info(key) is None

@@ -9,7 +9,14 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .errors import BackendError, LockError, LockLostError, LockTimeout, NotHeldError
+    from .errors import (
+        BackendError,
+        LockError,
+        LockLostError,
+        LockTimeout,
+        MissingDriverError,
+        NotHeldError,
+    )
     from .handles import ReadLock, Semaphore
     from .keys import MAX_KEY_LENGTH
     from .lock import Lock
@@ -27,6 +34,7 @@ __all__ = [
     "LockManager",
     "LockStats",
     "LockTimeout",
+    "MissingDriverError",
     "NotHeldError",
     "ReadLock",
     "Semaphore",
@@ -42,6 +50,7 @@ _HOMES = {
     "LockError": "errors",
     "LockLostError": "errors",
     "LockTimeout": "errors",
+    "MissingDriverError": "errors",
     "NotHeldError": "errors",
     "MAX_KEY_LENGTH": "keys",
     "Lock": "lock",

@@ -7,6 +7,7 @@
      +-- NotHeldError          also RuntimeError: release/extend without a hold
      +-- LockLostError         the row is no longer ours at release/extend
      +-- BackendError          the database failed after retries; __cause__ is the driver error
+     +-- MissingDriverError    also ImportError: a URL's driver is missing; says what to install
      +-- PartialRenewal        (internal) a renewal reached only some of the store's nodes
 
 Bad arguments raise the builtin ``ValueError`` or ``TypeError`` instead.
@@ -16,7 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendError", "LockError", "LockLostError", "LockTimeout", "NotHeldError"]
+__all__ = [
+    "BackendError",
+    "LockError",
+    "LockLostError",
+    "LockTimeout",
+    "MissingDriverError",
+    "NotHeldError",
+]
 
 
 class LockError(Exception):
@@ -69,6 +77,30 @@ class LockLostError(LockError):
 
 class BackendError(LockError):
     """The database failed and retrying did not help; the driver error is chained."""
+
+
+class MissingDriverError(LockError, ImportError):
+    """The client library of a URL's engine, or the driver of its SQL database, cannot
+    be imported; the message says what to install, e.g. ``pip install "tierlock[redis]"``.
+    Also an ``ImportError`` whose ``name`` is that library's module.
+
+    :param scheme: the URL's scheme, as the user wrote it (``"mysql"``).
+    :param module: what it needs (``"pymysql"``).
+    :param fix: how to get it.
+    :param reason: why the import failed, if not because the module is not installed.
+    """
+
+    def __init__(self, scheme: str, module: str, fix: str, reason: str | None = None) -> None:
+        problem = "is not installed" if reason is None else f"cannot be imported ({reason})"
+        super().__init__(f"{scheme}:// URLs need the {module} package, which {problem}: {fix}")
+        self.scheme = scheme
+        self.name = module
+        self.fix = fix
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ImportError keeps ``name`` outside __dict__, where LockError's pickling looks.
+        return (type(self), (self.scheme, self.name, self.fix, self.reason))
 
 
 class PartialRenewal(LockError):

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import mysql
 from ..backends.sql.columns import LockKeyType
 from ..errors import LockError
 from ..manager import LockManager
-from ..urls import engine_of, hide_password
+from ..urls import engine_of, hide_password, sql_url
 
 __all__ = ["Outcome", "Results"]
 
@@ -41,7 +41,7 @@ class Results:
                 f"tierlock_once keeps its results in a SQL table beside the locks, and "
                 f"{hide_password(url)} is not a SQL database: give one as --tierlock-url"
             )
-        self.engine = create_engine(url)
+        self.engine = create_engine(sql_url(url))  # mysql:// takes PyMySQL, as the locks do
         self.table = Table(
             f"{table}_once",
             MetaData(),

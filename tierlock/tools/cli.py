@@ -28,10 +28,11 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from .. import __version__
 from ..backends.basics import check_table_name
 from ..backends.sql.ddl import table_ddl
+from ..backends.sql.engine import refuse_memory_database
 from ..base import DEFAULT_TABLE, DEFAULT_URL
 from ..errors import BackendError, LockError
 from ..manager import LockManager
-from ..urls import engine_of, hide_password, shown_url
+from ..urls import KNOWN_SCHEMES, engine_of, hide_password, shown_url, sql_url
 from . import admin
 from .demo import (
     DEFAULT_ACCOUNTS,
@@ -50,7 +51,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 URL_ENV = "TIERLOCK_URL"
 TABLE_ENV = "TIERLOCK_TABLE"
-# Seconds `init --print-sql` waits for a mysql:// server to say whether it is MariaDB.
 
 
 @dataclasses.dataclass
@@ -61,12 +61,15 @@ class Target:
     table: str = DEFAULT_TABLE
 
     def check(self) -> None:
-        """Fail with one line if the URL or the table name cannot be used."""
+        """Fail with one line if the URL (in-memory SQLite too) or the table name cannot be used."""
         if self.sql:
             try:
                 make_url(self.url)
             except (ArgumentError, ValueError):
-                raise admin.Failure(f"not a database URL: {hide_password(self.url)}") from None
+                raise admin.Failure(
+                    f"not a database URL: {hide_password(self.url)} (schemes: {KNOWN_SCHEMES})"
+                ) from None
+            refuse_memory_database(self.parsed)
         check_table_name(self.table)
 
     @property
@@ -75,7 +78,8 @@ class Target:
 
     @property
     def parsed(self) -> URL:
-        return make_url(self.url)
+        """The URL the SQL engine uses: with its default driver (``mysql+pymysql``)."""
+        return sql_url(self.url)
 
     @property
     def shown(self) -> str:

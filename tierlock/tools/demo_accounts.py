@@ -15,9 +15,8 @@ from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, create_engine, event, func, insert, select, update
 from sqlalchemy import Table as SQLTable
-from sqlalchemy.engine import make_url
 
-from ..urls import engine_of
+from ..urls import engine_of, sql_url
 
 __all__ = ["Accounts", "accounts_name", "open_accounts"]
 
@@ -70,10 +69,11 @@ class SQLAccounts(Accounts):
 
     def __init__(self, url: str, table: str, connections: int) -> None:
         options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "pool_size": connections}
-        sqlite = make_url(url).get_backend_name() == "sqlite"
+        parsed = sql_url(url)  # mysql:// takes PyMySQL here too, as the locks' URL does
+        sqlite = parsed.get_backend_name() == "sqlite"
         if sqlite:
             options["connect_args"] = {"timeout": SQLITE_BUSY_SECONDS}
-        self._engine = create_engine(url, **options)
+        self._engine = create_engine(parsed, **options)
         if sqlite:
 
             @event.listens_for(self._engine, "connect")

@@ -41,8 +41,9 @@ def table_ddl(url: URL, name: str) -> str:
             return "\n".join(
                 [
                     f"-- tierlock lock table {table.name} for mysql",
-                    "-- The server could not be reached to tell MariaDB from MySQL, so here",
-                    "-- are both; they differ only in lock_key's collation.",
+                    "-- The server could not be asked whether it is MariaDB or MySQL (it did",
+                    "-- not answer, or its driver is not installed), so here are both; they",
+                    "-- differ only in lock_key's collation.",
                     "",
                     "-- For MariaDB:",
                     *_ddl_lines(table, mysql.dialect(is_mariadb=True)),
@@ -64,11 +65,14 @@ def _server_dialect(url: URL) -> Dialect | None:
     # handshake must not hold the command either; options in the URL take precedence.
     timeouts = ("connect_timeout", "read_timeout", "write_timeout")
     connect_args = {name: PROBE_TIMEOUT for name in timeouts if name not in url.query}
-    engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    try:
+        engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    except ImportError:  # the URL's driver is missing: the DDL needs none
+        return None
     try:
         with engine.connect() as connection:
             return connection.dialect
-    except (SQLAlchemyError, ImportError):  # (ImportError: the URL's driver is missing)
+    except SQLAlchemyError:
         return None
     finally:
         engine.dispose()

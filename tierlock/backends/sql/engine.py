@@ -9,11 +9,11 @@ import weakref
 from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from ...urls import missing_driver, sql_url
 from ..gate import Gate
-from .columns import MYSQL_FAMILY
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -21,6 +21,7 @@ __all__ = [
     "SQLITE_LEAST_BUSY_WAIT",
     "engine_for_url",
     "is_contention",
+    "refuse_memory_database",
     "set_busy_timeout",
     "unreachable",
     "usable_engine",
@@ -71,14 +72,11 @@ def engine_for_url(url: str, timeout: float) -> Engine:
     With no transaction ever open, the rollbacks SQLAlchemy would send when a
     connection is closed or returned to the pool (a round trip each on pymysql) have
     nothing to undo, so they are turned off.
+
+    :raises ValueError: not a URL of a database tierlock supports, or of an in-memory one.
+    :raises MissingDriverError: the URL's driver is not installed.
     """
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        # Not quoted: the text may hold a password.
-        raise ValueError(
-            "not a database URL; expected dialect+driver://user:password@host:port/database"
-        ) from None
+    parsed = sql_url(url)
     options: dict[str, Any] = {
         "isolation_level": "AUTOCOMMIT",
         "skip_autocommit_rollback": True,
@@ -86,12 +84,7 @@ def engine_for_url(url: str, timeout: float) -> Engine:
     }
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        _refuse_memory_database(parsed)
-    elif backend not in (*MYSQL_FAMILY, "postgresql"):
-        raise ValueError(
-            f"unsupported database {backend!r} in {parsed!r}: "
-            "use sqlite, mysql, mariadb or postgresql"
-        )
+        refuse_memory_database(parsed)
     else:
         # Without these a server that stops answering blocks a caller for good,
         # whatever its timeout; options given in the URL's query take precedence.
@@ -101,20 +94,25 @@ def engine_for_url(url: str, timeout: float) -> Engine:
         }
     try:
         engine = create_engine(parsed, **options)
-    except (ArgumentError, ImportError) as exc:
+    except ImportError as exc:
+        raise missing_driver(url, parsed.get_driver_name(), exc) from exc
+    except ArgumentError as exc:
         raise ValueError(f"cannot use {parsed!r}: {exc}") from exc
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
     return engine
 
 
-def _refuse_memory_database(url: URL) -> None:
+def refuse_memory_database(url: URL) -> None:
+    """Refuse an in-memory SQLite database: each connection has a private one, so a
+    lock table there is seen by no other connection, thread or process."""
     if url.get_backend_name() == "sqlite" and (
         url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
     ):
         raise ValueError(
-            "an in-memory SQLite database is private to one connection and cannot "
-            "hold locks; give a file, for example sqlite:///tierlock.db"
+            "an in-memory SQLite database is private to the connection that opens it, so "
+            "a lock table there coordinates nothing, not even two threads; give a file, "
+            "for example sqlite:///tierlock.db"
         )
 
 
@@ -129,7 +127,7 @@ def usable_engine(engine: object) -> Engine:
                 "engine.sync_engine"
             )
         raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
-    _refuse_memory_database(engine.url)
+    refuse_memory_database(engine.url)
     return engine
 
 

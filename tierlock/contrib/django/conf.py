@@ -26,10 +26,11 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 
 from ...base import DEFAULT_TABLE
 from ...manager import LockManager
+from ...urls import engine_of, sql_url
 
 __all__ = ["DEFAULT_ALIAS", "Target", "database_url", "resolve", "snapshot"]
 
@@ -188,7 +189,9 @@ def _remove(path: Path, pid: int) -> None:
 
 
 def _refuse_application_file(url: str, database: dict[str, Any]) -> None:
-    parsed = make_url(url)
+    if engine_of(url) != "sql":
+        return
+    parsed = sql_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or _is_in_memory(database):
         return
     if Path(parsed.database).resolve() == Path(database["NAME"]).resolve():

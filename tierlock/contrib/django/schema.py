@@ -21,7 +21,7 @@ from sqlalchemy import Table, create_engine, inspect
 from sqlalchemy.dialects.mysql.base import MySQLDialect
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.dialects.sqlite.base import SQLiteDialect
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
@@ -29,6 +29,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 from ...backends.sql.table import lock_table
 from ...errors import BackendError, LockError
 from ...manager import LockManager
+from ...urls import engine_of, shown_url, sql_url
 from .conf import Target, resolve
 
 __all__ = ["CreateLockTable", "LockTableError", "ddl", "open_manager"]
@@ -95,7 +96,7 @@ class CreateLockTable(Operation):  # type: ignore[misc]
         elif schema_editor.collect_sql:
             schema_editor.collected_sql.append(f"-- {_elsewhere(target)}")
         else:
-            engine = create_engine(target.url, poolclass=NullPool)
+            engine = create_engine(sql_url(target.url), poolclass=NullPool)
             try:
                 lock_table(target.table).drop(engine, checkfirst=True)
             finally:
@@ -106,7 +107,7 @@ class CreateLockTable(Operation):  # type: ignore[misc]
 
 
 def _elsewhere(target: Target) -> str:
-    shown = make_url(target.url).render_as_string(hide_password=True)
+    shown = shown_url(target.url)
     return f"tierlock's lock table {target.table} is in {shown}, apart from this database"
 
 
@@ -150,9 +151,11 @@ def open_manager(target: Target, **overrides: Any) -> LockManager:
 
 def table_problem(target: Target) -> str | None:
     """What is wrong with ``target``'s table, or ``None`` if nothing is, as far as the
-    database says."""
-    shown = make_url(target.url).render_as_string(hide_password=True)
-    engine = create_engine(target.url, poolclass=NullPool)
+    database says (the other engines have no table)."""
+    if engine_of(target.url) != "sql":
+        return None
+    shown = shown_url(target.url)
+    engine = create_engine(sql_url(target.url), poolclass=NullPool)
     try:
         inspector = inspect(engine)
         if not inspector.has_table(target.table):

@@ -1,8 +1,8 @@
 """``manage.py tierlock ls [--json] | release KEY --force | reap``: the ``tierlock``
 command's admin commands on the lock table of ``settings.TIERLOCK``, with the same
-output (``tierlock.tools.admin``) and exit codes: 0 success; 1 the database or the table
-failed (``CommandError: <why>`` on stderr); 2 bad usage, ``release`` without
-``--force`` included."""
+output (``tierlock.tools.admin``) and exit codes: 0 success; 1 the settings, the driver,
+the database or the table failed (``CommandError: <why>``, one line on stderr); 2 bad
+usage, ``release`` without ``--force`` included."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from rich.console import Console
-from sqlalchemy.engine import make_url
 
-from tierlock import LockError, LockManager
+from tierlock import BackendError, LockError, LockManager
 from tierlock.contrib.django.conf import resolve
-from tierlock.contrib.django.schema import LockTableError, open_manager
+from tierlock.contrib.django.schema import open_manager
 from tierlock.tools import admin
+from tierlock.urls import shown_url
 
 
 class Command(BaseCommand):  # type: ignore[misc]
@@ -42,16 +43,17 @@ class Command(BaseCommand):  # type: ignore[misc]
         library_logger = logging.getLogger("tierlock")
         if not library_logger.handlers:
             library_logger.addHandler(logging.NullHandler())
-        target = resolve()
-        where = make_url(target.url).render_as_string(hide_password=True)
         try:
+            target = resolve()
+            where = shown_url(target.url)
             # For admin work: no reaper, and the table is never created here.
             with open_manager(target, create_table=False, reaper_interval=None) as locks:
                 self._run(locks, command, options, where)
-        except LockTableError as exc:
-            raise CommandError(str(exc)) from exc
-        except LockError as exc:
+        except BackendError as exc:  # (raised by the manager only: ``where`` is known)
             raise CommandError(f"{where}: {exc}") from exc
+        except (LockError, ImproperlyConfigured, ValueError, TypeError) as exc:
+            # A missing table or driver, a bad setting or URL: the message says which.
+            raise CommandError(str(exc)) from exc
 
     def _run(self, locks: LockManager, command: str, options: dict[str, Any], where: str) -> None:
         if command == "ls":
