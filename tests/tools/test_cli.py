@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pexpect
 import procs
 import pytest
 from click.testing import CliRunner, Result
@@ -35,6 +40,14 @@ CLOSED_PORT_URLS = [
 ]
 # Wide enough that rich never folds a row of ``ls``.
 WIDE = {"COLUMNS": "200"}
+# The header of ``ls`` away from a terminal.
+PLAIN_HEADER = [
+    *("key", "mode", "token", "host", "pid", "age", "lease_left", "renewed_by", "state"),
+    "thread",
+]
+DJANGO_PROJECT = procs.ROOT / "tests" / "django_project"
+# Rich's bold and italic, which NO_COLOR leaves.
+STYLES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -171,17 +184,21 @@ def test_ls_shows_every_holder(
     assert live.acquire(timeout=procs.WAIT_LIMIT)
     assert stale.acquire(timeout=procs.WAIT_LIMIT)
     expire(stale)
-    # The URL and table from the environment this time.
+    # The URL and table from the environment this time; the runner's output is no
+    # terminal, so the rows come as plain lines.
     result = invoke("ls", env={"TIERLOCK_URL": db_url, "TIERLOCK_TABLE": table})
     assert result.exit_code == 0, result.output
-    out = result.stdout
-    assert f"2 lock(s) in {table}" in out
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == PLAIN_HEADER
     host, pid, thread = socket.gethostname(), os.getpid(), threading.current_thread().name
-    for lock, lease, renewal in ((live, r"\d+\.\d s", "30.0 s"), (stale, "expired", "fixed")):
-        shown = (lock.key, "exclusive", str(lock.token), host, str(pid), thread)
-        cells = [*map(re.escape, shown), r"[\d.]+ s"]
-        assert re.search("│ +" + " +│ +".join([*cells, lease, renewal]) + " +│", out), out
-    assert "1 expired" in out
+    shown = (
+        (live, r"\d+\.\ds", "30.0s", "held"),
+        (stale, "expired", "fixed", "expired"),
+    )
+    for line, (lock, lease, renewal, state) in zip(lines, shown, strict=True):
+        cells = (lock.key, "exclusive", str(lock.token), host, str(pid))
+        pattern = [*map(re.escape, cells), r"[\d.]+s", lease, renewal, state, re.escape(thread)]
+        assert re.fullmatch(" +".join(pattern), line), result.stdout
     live.release()
     with pytest.raises(tierlock.LockLostError):  # its lease ran out: reported as lost,
         stale.release()
@@ -322,3 +339,154 @@ def test_library_names_a_url_it_cannot_parse_without_its_password() -> None:
         with pytest.raises(ValueError, match="not a database URL") as caught:
             tierlock.LockManager(url, create_table=False, reaper_interval=None)
         assert "secret" not in str(caught.value)
+
+
+# -- ls in pipes and scripts, and holders gone ----------------------------------------
+
+
+def long_key(prefix: str) -> str:
+    """A key longer than the 80 columns that rich lays a table out in away from a terminal."""
+    key = f"{prefix}:invoice:2026-11-27:customer-123456:{'x' * 20}"
+    assert len(key) > 80
+    return key
+
+
+def check_piped_ls(result: subprocess.CompletedProcess[str], keys: list[str]) -> None:
+    """A header, then exactly one line per hold, each starting with its whole key, which
+    a ``grep -c`` of the output then counts once."""
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == PLAIN_HEADER
+    assert [line.split()[0] for line in lines] == sorted(keys), result.stdout
+    for key in keys:
+        assert sum(key in line for line in result.stdout.splitlines()) == 1, result.stdout
+
+
+@pytest.mark.multiprocess
+def test_piped_ls_gives_each_hold_one_whole_line(
+    make_manager: Callable[..., tierlock.LockManager],
+    db_url: str,
+    table: str,
+    key: str,
+    tmp_path: Path,
+) -> None:
+    """``tierlock ls | grep -c KEY`` found nothing: rich folded long keys to fit 80
+    columns. A pipe gets plain lines, whatever the width."""
+    locks = make_manager()
+    keys = [long_key(key), f"{key}:user:42"]
+    with locks.lock(keys[0]), locks.lock(keys[1]):
+        target = ("--url", db_url, "--table", table)
+        result = procs.run_python("-m", "tierlock", *target, "ls", cwd=tmp_path)
+    check_piped_ls(result, keys)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_piped_flask_ls_gives_each_hold_one_whole_line(
+    make_manager: Callable[..., tierlock.LockManager],
+    db_url: str,
+    table: str,
+    key: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``flask tierlock ls`` prints the rows as ``tierlock ls`` does, pipes included."""
+    locks = make_manager()
+    monkeypatch.setenv("FLASK_TIERLOCK_URL", db_url)
+    monkeypatch.setenv("FLASK_TIERLOCK_TABLE", table)
+    # The bank's accounts want a SQL database, which ``ls`` never opens.
+    monkeypatch.setenv("FLASK_BANK_URL", f"sqlite:///{tmp_path / 'bank.db'}")
+    keys = [long_key(key), f"{key}:user:42"]
+    with locks.lock(keys[0]), locks.lock(keys[1]):
+        command = ("-m", "flask", "--app", "flask_bank:create_app", "tierlock", "ls")
+        result = procs.run_python(*command, cwd=tmp_path)
+    check_piped_ls(result, keys)
+
+
+@pytest.mark.multiprocess
+def test_piped_django_ls_gives_each_hold_one_whole_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py tierlock ls`` too, though it writes through Django's own stdout."""
+    # On SQLite the test project keeps its locks in a file beside the application's.
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "bankproject.settings")
+    monkeypatch.setenv("BANK_DB_URL", "sqlite://")
+    monkeypatch.setenv("BANK_DIR", str(tmp_path))
+    lock_file = tmp_path / "bank-tierlock.sqlite3"
+    keys = [long_key(f"bank:{uuid.uuid4().hex}"), "bank:user:42"]
+    with (
+        tierlock.LockManager(f"sqlite:///{lock_file}", reaper_interval=None) as locks,
+        locks.lock(keys[0]),
+        locks.lock(keys[1]),
+    ):
+        result = procs.run_python("manage.py", "tierlock", "ls", cwd=DJANGO_PROJECT)
+    check_piped_ls(result, keys)
+
+
+@pytest.mark.multiprocess
+def test_ls_marks_a_killed_holder_on_this_host_gone(
+    make_manager: Callable[..., tierlock.LockManager],
+    children: procs.Children,
+    db_url: str,
+    table: str,
+    key: str,
+) -> None:
+    """A worker killed on this host leaves its row with most of its lease to run,
+    though a waiter here would take it over at once: ``ls`` says so, and not of a
+    holder that lives."""
+    dead_key, live_key = f"{key}:dead", f"{key}:live"
+    held, may_release = procs.CTX.Event(), procs.CTX.Event()
+    holder = children.start(
+        procs.hold,
+        url=db_url,
+        table=table,
+        key=dead_key,
+        ttl=60,
+        held=held,
+        may_release=may_release,
+    )
+    assert held.wait(procs.WAIT_LIMIT)
+    assert holder.pid is not None
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(procs.WAIT_LIMIT)
+    assert holder.exitcode == -signal.SIGKILL
+
+    locks = make_manager()
+    with locks.lock(live_key, ttl=60):
+        target = ("--url", db_url, "--table", table)
+        listed, as_json = invoke(*target, "ls"), invoke(*target, "ls", "--json")
+    assert listed.exit_code == 0, listed.output
+    states = {line.split()[0]: line.split()[8] for line in listed.stdout.splitlines()[1:]}
+    assert states == {dead_key: "gone", live_key: "held"}, listed.stdout
+    assert as_json.exit_code == 0, as_json.output
+    gone = {record["key"]: record["holder_gone"] for record in json.loads(as_json.stdout)}
+    assert gone == {dead_key: True, live_key: False}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_ls_on_a_terminal_draws_the_table(
+    make_manager: Callable[..., tierlock.LockManager], db_url: str, table: str
+) -> None:
+    """What a person sees is the table as before, with the title and the state."""
+    locks = make_manager()
+    path = os.pathsep.join(filter(None, [str(procs.ROOT), os.environ.get("PYTHONPATH")]))
+    env = {name: value for name, value in os.environ.items() if name != "COLUMNS"}
+    # No colours: the cells' text only.
+    env.update(PYTHONPATH=path, TERM="xterm", NO_COLOR="1")
+    with locks.lock("user:42") as lock:
+        token = lock.token
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "tierlock", "--url", db_url, "--table", table, "ls"],
+            env=env,
+            dimensions=(50, 250),  # (wide enough that no row folds)
+            encoding="utf-8",
+            timeout=procs.WAIT_LIMIT,
+        )
+        child.expect(pexpect.EOF)
+        child.close()
+    out = STYLES.sub("", child.before)
+    assert (child.exitstatus, child.signalstatus) == (0, None), out
+    assert f"1 lock(s) in {table}" in out
+    assert re.search(rf"│ user:42 +│ exclusive │ +{token} │ .* │ held +│", out), out

@@ -116,7 +116,7 @@ def test_ls_json_gives_every_field_of_every_row(
         assert set(record) == {
             *("key", "token", "owner", "host", "pid", "thread_id", "thread_name"),
             *("acquired_at", "expires_at", "expired", "lease", "host_id", "process_start"),
-            "mode",
+            *("mode", "holder_gone"),
         }
         assert record["token"] == lock.token
         assert record["owner"] == info.owner
@@ -132,6 +132,7 @@ def test_ls_json_gives_every_field_of_every_row(
         assert record["lease"] == lease
         assert record["host_id"] == host_identity()
         assert record["process_start"] == own_start_time()
+        assert record["holder_gone"] is False  # (this process)
     live.release()
     if shown_expired:
         with pytest.raises(tierlock.LockLostError):  # its lease ran out: reported as lost

@@ -34,8 +34,8 @@ import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from typing import Any, TypeVar, cast
 
 import click
@@ -240,17 +240,14 @@ def _app_locks() -> AppLockManager:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row, in a list.")
 @_reported
 def list_holders(as_json: bool) -> None:
-    """List the lock table's rows: who holds what, and for how long."""
+    """List the lock table's rows: who holds what, and for how long (away from a
+    terminal, one plain line per row)."""
     locks = _app_locks()
     holders = locks.holders()
     if as_json:
         click.echo(json.dumps([admin.holder_record(info) for info in holders], indent=2))
         return
-    if not holders:
-        admin.console().print(admin.nothing_held(locks.table, locks.url))
-        return
-    now = datetime.now(timezone.utc)
-    admin.console().print(admin.holders_table(holders, table=locks.table, where=locks.url, now=now))
+    admin.show_holders(holders, table=locks.table, where=locks.url, out=sys.stdout)
 
 
 @cli.command()

@@ -14,8 +14,8 @@ import logging
 import os
 import select
 import signal
+import sys
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -275,18 +275,14 @@ def init(target: Target, print_sql: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="A JSON array, an object per row.")
 @pass_target
 def list_holders(target: Target, as_json: bool) -> None:
-    """List the lock table's rows: who holds what, and for how long."""
+    """List the lock table's rows: who holds what, and for how long (away from a
+    terminal, one plain line per row)."""
     with target.manager() as locks:
         holders = locks.holders()
     if as_json:
         click.echo(json.dumps([admin.holder_record(info) for info in holders], indent=2))
         return
-    console = admin.console()
-    if not holders:
-        console.print(admin.nothing_held(target.table, target.shown))
-        return
-    now = datetime.now(timezone.utc)
-    console.print(admin.holders_table(holders, table=target.table, where=target.shown, now=now))
+    admin.show_holders(holders, table=target.table, where=target.shown, out=sys.stdout)
 
 
 @main.command()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -61,11 +60,8 @@ class Command(BaseCommand):  # type: ignore[misc]
             if options["json"]:
                 records = [admin.holder_record(info) for info in holders]
                 self.stdout.write(json.dumps(records, indent=2))
-            elif not holders:
-                self._print(admin.nothing_held(locks.table, where))
             else:
-                now = datetime.now(timezone.utc)
-                self._print(admin.holders_table(holders, table=locks.table, where=where, now=now))
+                admin.show_holders(holders, table=locks.table, where=where, out=self.stdout)
         elif command == "release":
             self._print(admin.released(options["key"], locks.force_release(options["key"])))
         else:
