@@ -4,8 +4,11 @@ Every worker is a forked process (it inherits the shared tally, barrier, events 
 queue) whose threads each open a contender, warm it up on a key of their own, and wait
 at one barrier with the parent. The parent then lets them run for the cell's seconds
 and sets the stop event; each process sends back per-thread counts and wait samples.
-On a machine so loaded that no thread has finished a section or try by then, the cell
-runs on until one has: a cell that counted nothing would measure nothing.
+On a machine so loaded that no thread has finished a section by then, the cell runs
+on until one has: a cell that counted nothing would measure nothing. A lost try does not
+count: tierlock turns a try away in the process, in microseconds, while another of its
+threads asks the server, so a cell shorter than one round trip would end with thousands
+of tries and no sale.
 
 In most scenarios a thread waits for its key and runs a section, again and again. In a
 scenario with ``blocking=False`` it first spends ``io`` seconds asleep (a network call,
@@ -107,7 +110,7 @@ class Signals:
 
     start: Barrier  # every thread warmed up, and the parent: the clock starts
     stop: Event  # set by the parent at the end, or by a worker that failed
-    counted: Event  # set by the first thread to count a section or try
+    counted: Event  # set by the first thread to count a section (a won try)
 
 
 class Opened(Protocol):
@@ -164,7 +167,7 @@ class ProcessWorker(abc.ABC, Generic[S, M]):
         """Sections until the stop, added to the report."""
 
     def count_one(self) -> None:
-        """Tell the parent a section or try was counted, once per process."""
+        """Tell the parent a section was counted, once per process."""
         if not self.told:
             self.told = True  # another thread may also set it: harmless
             self.counted.set()
@@ -295,7 +298,7 @@ class Worker(Threaded, ProcessWorker[Subject, Contender]):
             tries += 1
             counted += won
             waits.append(waited)
-            if tries == 1:
+            if won and counted == 1:
                 self.count_one()
         with self.gather:
             self.report["sections"].append(counted)
@@ -324,7 +327,7 @@ def run_workers(
 ) -> tuple[float, list[Report]]:
     """Run ``processes`` workers of ``threads`` threads each, made by ``worker(number,
     signals)``, for ``seconds`` once all are ready, and on until one has counted a
-    section or try: the seconds they ran, and their reports.
+    section: the seconds they ran, and their reports.
 
     :raises CellError: if a worker failed, sent nothing or hung.
     """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,8 +26,8 @@ import pytest
 import redis
 from engines import SQL, left_over, require_server
 
-from tierlock.backends import engine_of
 from tierlock.backends.files.names import parse_url
+from tierlock.urls import engine_of
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SCENARIOS = ("uncontended", "hot-4x4")  # one thread; processes contending
@@ -319,6 +320,55 @@ def test_flash_sale_and_renewal_report_sane_numbers(db: str, db_url: str, tmp_pa
     assert renewed[-1] == fixed[-1] == "0", "every hold is released"
     check_charts(report, tmp_path, ["flash-sale"])
     check_cleaned_up(db_url, table)
+
+
+@pytest.mark.multiprocess
+def test_a_cell_of_tries_runs_on_until_one_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flash sale whose one try at the server is still out when the cell's seconds end,
+    while its other tries are turned away at once (as tierlock's tier 1 does), runs on
+    until a try wins: refusals alone measure no sale."""
+    monkeypatch.syspath_prepend(str(procs.ROOT))  # where bench is, as python -m finds it
+    from bench.interface import Contender, Implementation, Subject
+    from bench.tally import CTX
+    from bench.workload import Scenario, run_cell
+
+    seconds = 0.05
+    stock = CTX.Lock()  # shared by the forked workers
+
+    class LateContender(Contender):
+        """Loses every try until the server answers, four cells after its first."""
+
+        def __init__(self) -> None:
+            self.answers_at: float | None = None
+
+        def acquire(self, index: int) -> None:
+            stock.acquire()
+
+        def try_acquire(self, index: int) -> bool:
+            now = time.monotonic()
+            if self.answers_at is None:
+                self.answers_at = now + 4 * seconds
+            return now >= self.answers_at and stock.acquire(False)
+
+        def release(self, index: int) -> None:
+            stock.release()
+
+        def close(self) -> None:
+            """Nothing to close."""
+
+    class LateSubject(Subject):
+        def make_contender(self) -> Contender:
+            return LateContender()
+
+        def close(self) -> None:
+            """Nothing to close."""
+
+    late = Implementation("late", "late server", None, LateSubject)
+    sale = Scenario("late", 2, 2, 1, round_robin=False, blocking=False, io=200e-6, section=1e-3)
+    cell = run_cell(late, sale, seconds)
+    assert sum(cell.sections) > 0, cell
+    assert cell.tries > sum(cell.sections) and cell.elapsed > seconds, cell
+    assert cell.lost == cell.overlaps == 0, cell
 
 
 @pytest.mark.slow
