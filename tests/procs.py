@@ -336,6 +336,32 @@ def hold(
         lock.release()
 
 
+def start_holder(
+    children: Children,
+    db_url: str,
+    table: str,
+    key: str,
+    *,
+    ttl: float,
+    host_id: str | None = None,
+) -> tuple[ForkProcess, Event]:
+    """Start a child that takes ``key`` with lease ``ttl`` (as if on host ``host_id``, if
+    given); return it once it holds, and the event that lets it release."""
+    held, may_release = CTX.Event(), CTX.Event()
+    holder = children.start(
+        hold,
+        url=db_url,
+        table=table,
+        key=key,
+        ttl=ttl,
+        held=held,
+        may_release=may_release,
+        host_id=host_id,
+    )
+    assert held.wait(WAIT_LIMIT)
+    return holder, may_release
+
+
 def hold_through_a_stop(
     *,
     url: str,

@@ -12,8 +12,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from multiprocessing.context import ForkProcess
-from multiprocessing.synchronize import Event
 
 import procs
 import pytest
@@ -157,32 +155,6 @@ def test_wait_for_holder_in_other_process(
     children.join()
 
 
-def start_holder(
-    children: procs.Children,
-    db_url: str,
-    table: str,
-    key: str,
-    *,
-    ttl: float,
-    host_id: str | None = None,
-) -> tuple[ForkProcess, Event]:
-    """Start a child that takes ``key`` with lease ``ttl`` (as if on host ``host_id``, if
-    given); return it once it holds, and the event that lets it release."""
-    held, may_release = procs.CTX.Event(), procs.CTX.Event()
-    holder = children.start(
-        procs.hold,
-        url=db_url,
-        table=table,
-        key=key,
-        ttl=ttl,
-        held=held,
-        may_release=may_release,
-        host_id=host_id,
-    )
-    assert held.wait(procs.WAIT_LIMIT)
-    return holder, may_release
-
-
 def kill_holder(
     manager: tierlock.LockManager,
     db_url: str,
@@ -196,7 +168,7 @@ def kill_holder(
     """Start a child that takes ``key`` with lease ``ttl`` (as if on host ``host_id``, if
     given) and SIGKILL it while it holds; return its row and the monotonic time it was
     known to hold."""
-    holder, _ = start_holder(children, db_url, table, key, ttl=ttl, host_id=host_id)
+    holder, _ = procs.start_holder(children, db_url, table, key, ttl=ttl, host_id=host_id)
     held_at = time.monotonic()
     dead = manager.info(key)
     assert dead is not None
@@ -261,7 +233,7 @@ def test_reused_pid_does_not_keep_a_dead_holders_row(
     """A live process that got the dead holder's pid is younger than the row says: the
     row is reclaimed all the same. A live holder's row is never reclaimed."""
     rival = manager.lock(key)
-    first, may_release = start_holder(children, db_url, table, key, ttl=RECLAIM_TTL)
+    first, may_release = procs.start_holder(children, db_url, table, key, ttl=RECLAIM_TTL)
     assert not rival.acquire(timeout=0.2)  # its holder lives: no reclaim
     dead, _ = kill_holder(manager, db_url, table, f"{key}:dead", children, ttl=RECLAIM_TTL)
     # The dead holder's pid now names a live process (the first child, still holding).

@@ -435,17 +435,7 @@ def test_ls_marks_a_killed_holder_on_this_host_gone(
     though a waiter here would take it over at once: ``ls`` says so, and not of a
     holder that lives."""
     dead_key, live_key = f"{key}:dead", f"{key}:live"
-    held, may_release = procs.CTX.Event(), procs.CTX.Event()
-    holder = children.start(
-        procs.hold,
-        url=db_url,
-        table=table,
-        key=dead_key,
-        ttl=60,
-        held=held,
-        may_release=may_release,
-    )
-    assert held.wait(procs.WAIT_LIMIT)
+    holder, _ = procs.start_holder(children, db_url, table, dead_key, ttl=60)
     assert holder.pid is not None
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(procs.WAIT_LIMIT)
