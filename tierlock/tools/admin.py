@@ -131,9 +131,9 @@ def holders_table(
 def holder_lines(holders: list[LockInfo], *, now: datetime) -> str:
     """``holders`` for pipes and scripts: a header, then one line per hold with every
     value whole, in columns padded with spaces (``PLAIN_COLUMNS``), however long the
-    lines get. Durations lose
-    their spaces (``4.2s``), and control characters (a newline in a key, say) are
-    escaped as Python writes them, so that a hold never takes two lines."""
+    lines get. Durations lose their spaces (``4.2s``), and control characters (a newline
+    in a key, say) are escaped as Python writes them, so that a hold never takes two
+    lines."""
     rows: list[tuple[str, ...]] = [PLAIN_COLUMNS]
     for info in holders:
         times = (text.replace(" ", "") for text in _times(info, now))
