@@ -1,4 +1,5 @@
-"""A loopback TCP proxy that misbehaves on purpose, in front of a real server.
+"""Loopback TCP servers that misbehave on purpose: a proxy in front of a real server,
+and addresses where no server answers at all (``DeadAddress``).
 
 Tests point a manager at the proxy and arm one fault at a time: make a statement vanish
 before the server sees it (``drop_request``), or after it took effect but before the
@@ -16,17 +17,25 @@ one received chunk, which is fine for the small statements a lock sends.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["Proxy"]
+__all__ = ["DEAD_KINDS", "DeadAddress", "Proxy"]
 
 T = TypeVar("T")
 
 CHUNK = 65536
 # How long the test thread waits for the proxy's loop to run a command.
 COMMAND_TIMEOUT = 10.0
+# The ways a DeadAddress does not answer.
+DEAD_KINDS = ("silent", "black_hole", "refused")
+# Connections a silent address takes without answering: far more than a test opens.
+SILENT_BACKLOG = 1024
+# How long DeadAddress waits, checking itself, for what would come at once if it
+# answered.
+SELF_CHECK_WAIT = 0.2
 
 
 class _Pair:
@@ -255,3 +264,76 @@ class Proxy:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await self._server.wait_closed()
+
+
+class DeadAddress:
+    """``127.0.0.1:<port>``, where nothing will ever answer, in one of ``DEAD_KINDS``:
+
+    * ``silent``: a server that takes connections and never says a word. The socket
+      listens and nobody accepts: the kernel completes each handshake (up to the
+      backlog) and acknowledges what the client sends, which is all a client can see
+      of a hung server.
+    * ``black_hole``: a connect's SYN goes unanswered, as behind a firewall that drops
+      it. The socket listens with a backlog of 0 and a first connection fills it:
+      Linux drops a SYN while the accept queue is full, whatever SYN cookies say, and
+      its retransmissions too, so a connect waits for its own timeout. (A blackhole
+      route fails a local connect at once with EINVAL, and iptables needs root and a
+      firewall tool; this needs neither and drops only this port's SYNs.)
+    * ``refused``: the port is bound, not listening: connects are refused at once.
+
+    Each checks on creation that it behaves as named; ``close()`` frees the port.
+    """
+
+    def __init__(self, kind: str) -> None:
+        assert kind in DEAD_KINDS, kind
+        self.kind = kind
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+        self._filler: socket.socket | None = None
+        if kind == "silent":
+            self._socket.listen(SILENT_BACKLOG)
+        elif kind == "black_hole":
+            self._socket.listen(0)
+            self._filler = socket.create_connection(("127.0.0.1", self.port))
+        self._check()
+
+    def _check(self) -> None:
+        """Fail unless a connect meets what the kind promises."""
+        with socket.socket() as probe:
+            probe.settimeout(SELF_CHECK_WAIT)
+            try:
+                probe.connect(("127.0.0.1", self.port))
+            except TimeoutError:
+                seen = "black_hole"
+            except ConnectionRefusedError:
+                seen = "refused"
+            else:
+                probe.sendall(b"hello?")
+                try:
+                    seen = f"an answer {probe.recv(1)!r}"
+                except TimeoutError:
+                    seen = "silent"
+        assert seen == self.kind, f"the {self.kind} address behaved as {seen}"
+        if seen == "silent":
+            assert self.taken() == 1  # (the probe's: from now on, the client's are counted)
+
+    def taken(self) -> int:
+        """How many connections a silent address took since the last call. It accepts
+        and closes them: call it once the client is done with them."""
+        assert self.kind == "silent", self.kind
+        self._socket.setblocking(False)
+        count = 0
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except BlockingIOError:
+                break
+            connection.close()
+            count += 1
+        return count
+
+    def close(self) -> None:
+        if self._filler is not None:
+            self._filler.close()
+        self._socket.close()

@@ -75,6 +75,11 @@ class LockLostError(LockError):
         self.token = token
 
 
+#: How a ``BackendError`` begins on every engine when the server is out of reach: the
+#: same words everywhere, for people and log searches.
+UNREACHABLE = "cannot reach the database: "
+
+
 class BackendError(LockError):
     """The database failed and retrying did not help; the driver error is chained."""
 

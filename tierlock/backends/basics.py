@@ -1,6 +1,6 @@
-"""What every engine shares: the namespace name, fencing tokens, and the holder record
-that engines keeping a hold as one value (a Redis string, a ZooKeeper node's data)
-store as JSON."""
+"""What every engine shares: the namespace name, fencing tokens, how long connecting
+may take, and the holder record that engines keeping a hold as one value (a Redis
+string, a ZooKeeper node's data) store as JSON."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import Any, NamedTuple
 from ..records import LockInfo, Owner
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "HANDOFF_BITS",
     "MAX_HANDOFFS",
     "Record",
     "check_table_name",
+    "connect_timeout",
     "fencing_token",
 ]
 
@@ -30,6 +32,17 @@ _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # 2**HANDOFF_BITS, so tokens strictly increase across all holds of a key.
 HANDOFF_BITS = 16
 MAX_HANDOFFS = (1 << HANDOFF_BITS) - 1
+
+
+# The longest, in seconds, that opening a connection may take (see ``connect_timeout``).
+CONNECT_TIMEOUT = 5.0
+
+
+def connect_timeout(timeout: float) -> float:
+    """How long opening a connection may take (the TCP connect, the server's greeting
+    and the login together) when one operation may take ``timeout``: at most half of
+    it, so that a try that connects still has time for its request."""
+    return min(CONNECT_TIMEOUT, timeout / 2)
 
 
 def fencing_token(number: int, handoffs: int) -> int:

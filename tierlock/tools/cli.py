@@ -29,7 +29,7 @@ from .. import __version__
 from ..backends.basics import check_table_name
 from ..backends.sql.ddl import table_ddl
 from ..backends.sql.engine import refuse_memory_database
-from ..base import DEFAULT_TABLE, DEFAULT_URL
+from ..base import DEFAULT_DATABASE_TIMEOUT, DEFAULT_TABLE, DEFAULT_URL
 from ..errors import BackendError, LockError
 from ..manager import LockManager
 from ..urls import KNOWN_SCHEMES, engine_of, hide_password, shown_url, sql_url
@@ -55,10 +55,15 @@ TABLE_ENV = "TIERLOCK_TABLE"
 
 @dataclasses.dataclass
 class Target:
-    """The database and lock table a command works on."""
+    """The database and lock table a command works on, and ``--timeout`` if given."""
 
     url: str = DEFAULT_URL
     table: str = DEFAULT_TABLE
+    timeout: float | None = None
+
+    def database_timeout(self, default: float = DEFAULT_DATABASE_TIMEOUT) -> float:
+        """The managers' ``database_timeout``: ``--timeout``, else the command's ``default``."""
+        return default if self.timeout is None else self.timeout
 
     def check(self) -> None:
         """Fail with one line if the URL (in-memory SQLite too) or the table name cannot be used."""
@@ -86,8 +91,9 @@ class Target:
         """The URL with its password hidden, fit to print."""
         return shown_url(self.url)
 
-    def manager(self, **options: Any) -> LockManager:
-        """A manager for admin work: it neither creates the table nor reaps by itself."""
+    def manager(self, default_timeout: float = DEFAULT_DATABASE_TIMEOUT) -> LockManager:
+        """A manager for admin work: it neither creates the table nor reaps by itself;
+        ``default_timeout`` is its ``database_timeout`` unless ``--timeout`` is given."""
         parsed = self.parsed if self.sql else None
         # Opening a missing SQLite file would create an empty one. (Where none can be
         # created, SQLite's own error says that the database is out of reach.)
@@ -95,7 +101,11 @@ class Target:
         if sqlite_file and not Path(sqlite_file).exists() and Path(sqlite_file).parent.is_dir():
             raise admin.Failure(admin.missing_table(self.table, self.shown))
         return LockManager(
-            self.url, table=self.table, create_table=False, reaper_interval=None, **options
+            self.url,
+            table=self.table,
+            create_table=False,
+            reaper_interval=None,
+            database_timeout=self.database_timeout(default_timeout),
         )
 
 
@@ -171,14 +181,21 @@ def pass_target(command: Callable[..., None]) -> Callable[..., None]:
     show_envvar=True,
     help="The lock table's name.",
 )
+@click.option(
+    "--timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(0, min_open=True),
+    help=f"Seconds an admin command's database operation may keep failing (default "
+    f"{DEFAULT_DATABASE_TIMEOUT:g}; top: 2); connecting gives up after half, at most 5 s.",
+)
 @click.pass_context
-def main(ctx: click.Context, url: str, table: str) -> None:
+def main(ctx: click.Context, url: str, table: str, timeout: float | None) -> None:
     """tierlock: distributed locks in a SQL table (or Redis, ZooKeeper, a lock directory).
 
     Start with `tierlock demo`. Exit codes: 0 success; 1 the database, the table or the
     demo failed; 2 bad usage.
     """
-    ctx.obj = Target(url, table)
+    ctx.obj = Target(url, table, timeout)
     # The commands say what they did themselves; without a handler, the library's
     # warnings (a force-release, a reap) would reach stderr through logging's last resort.
     library_logger = logging.getLogger("tierlock")
@@ -230,6 +247,10 @@ def demo_command(
     again without locks. The summary compares the totals (conserved only with the lock),
     the rate, the lock statistics and the lock wait. Exits 1 if the guarded run lost money.
     """
+    if target.timeout is not None:
+        raise click.UsageError(
+            "--timeout is for the admin commands; the demo runs with the default"
+        )
     console = Console(highlight=False)
     config = DemoConfig(target.url, target.table, processes, threads, accounts, seconds)
     guarded, unguarded = run_demo(config, console)
@@ -255,17 +276,27 @@ def init(target: Target, print_sql: bool) -> None:
         if print_sql:
             raise admin.Failure(f"--print-sql is for SQL databases, not {target.shown}")
         # Reaching the engine is all there is to it (a lock directory is made).
-        with LockManager(target.url, table=target.table, reaper_interval=None):
+        with LockManager(
+            target.url,
+            table=target.table,
+            reaper_interval=None,
+            database_timeout=target.database_timeout(),
+        ):
             pass
         admin.console().print(f"{target.shown} needs no table: namespace {target.table} is ready")
         return
     if print_sql:
         try:
-            click.echo(table_ddl(target.parsed, target.table))
+            click.echo(table_ddl(target.parsed, target.table, target.database_timeout()))
         except ValueError as exc:
             raise admin.Failure(f"cannot use {target.shown}: {exc}") from exc
         return
-    with LockManager(target.url, table=target.table, reaper_interval=None):
+    with LockManager(
+        target.url,
+        table=target.table,
+        reaper_interval=None,
+        database_timeout=target.database_timeout(),
+    ):
         pass
     admin.console().print(f"table {target.table} is ready in {target.shown}")
 
@@ -299,7 +330,7 @@ def list_holders(target: Target, as_json: bool) -> None:
 @pass_target
 def top(target: Target, interval: float, once: bool) -> None:
     """A live view of the lock table's rows, until Ctrl-C or SIGTERM."""
-    with target.manager(database_timeout=DATABASE_TIMEOUT) as locks, _stop_on_signals() as stop:
+    with target.manager(DATABASE_TIMEOUT) as locks, _stop_on_signals() as stop:
         watch(locks, Console(highlight=False), interval=None if once else interval, stop=stop)
 
 

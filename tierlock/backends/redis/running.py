@@ -34,13 +34,15 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     TryAgainError,
 )
 from redis.retry import Retry
 
-from ...errors import BackendError, LockError
+from ...errors import UNREACHABLE, BackendError, LockError
 from ...urls import hide_password
+from ..basics import connect_timeout
 from ..gate import Gate
 
 __all__ = ["CLUSTER_SCHEMES", "Runner", "open_client"]
@@ -75,17 +77,31 @@ def _password(url: str) -> str | None:
     return None if parts.password is None else unquote(parts.password)
 
 
+def _address(url: str) -> str:
+    """The server's host and port in a Redis URL (a cluster's first node)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    return f"[{host}]:{parts.port or 6379}" if ":" in host else f"{host}:{parts.port or 6379}"
+
+
 def open_client(url: str, timeout: float) -> Any:
-    """A thread-safe client for ``url`` (a pool of connections, or a cluster's), whose
-    commands give up after ``timeout / 2`` seconds, with redis-py's retries off."""
+    """A thread-safe client for ``url`` (a pool of connections, or a cluster's), with
+    redis-py's retries off.
+
+    A connection gives up after ``connect_timeout(timeout)`` seconds, and so does each
+    reply: redis-py sends its handshake (the client's name and version, a password, the
+    database) on the new connection with the socket's timeout, so a server that takes
+    the connection and never answers would otherwise hold the caller for longer.
+    """
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
     if scheme not in SCHEMES:
         raise ValueError(f"not a Redis URL (schemes: {', '.join(SCHEMES)}): {hide_password(url)}")
+    patience = connect_timeout(timeout)
     options: dict[str, Any] = {
         "decode_responses": True,
-        "socket_timeout": timeout / 2,
-        "socket_connect_timeout": timeout / 2,
+        "socket_timeout": patience,
+        "socket_connect_timeout": patience,
         "retry": Retry(NoBackoff(), 0),
     }
     if scheme in CLUSTER_SCHEMES:
@@ -102,6 +118,7 @@ class Runner:
         # Owner ids whose acquire may have reached the server unconfirmed.
         self.doubts: set[str] = set()
         self._password = _password(url)
+        self._address = _address(url)
 
     def after_fork(self) -> None:
         """Start afresh in a forked child: the gate's mutex may have been held at the
@@ -110,9 +127,17 @@ class Runner:
         self.doubts = set()
 
     def message(self, what: str, exc: Exception) -> str:
-        """What a ``BackendError`` says of ``exc``: a server out of reach reads as on
-        every engine. A password the driver might echo is hidden."""
-        text = f"cannot reach the database: {exc}" if _passing(exc) else f"{what} failed: {exc}"
+        """What a ``BackendError`` says of ``exc``, on one line: a server out of reach
+        reads as on every engine, with its address. A password the driver might echo
+        is hidden."""
+        if isinstance(exc, RedisClusterException) and isinstance(exc.__cause__, RedisError):
+            exc = exc.__cause__  # (no node of the cluster answered: why the last did not)
+        reason = " ".join(str(exc).split())
+        text = (
+            f"{UNREACHABLE}{self._address}: {reason}"
+            if _passing(exc)
+            else f"{what} failed: {reason}"
+        )
         if self._password:
             text = text.replace(self._password, "***")
         return text

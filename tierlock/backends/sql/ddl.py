@@ -10,19 +10,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
+from ..basics import connect_timeout
 from .columns import MYSQL_FAMILY
 from .table import lock_table
 
 __all__ = ["table_ddl"]
 
 SUPPORTED = ("sqlite", *MYSQL_FAMILY, "postgresql")
-PROBE_TIMEOUT = 5  # seconds for asking a mysql:// server whether it is MariaDB
 
 
-def table_ddl(url: URL, name: str) -> str:
+def table_ddl(url: URL, name: str, timeout: float) -> str:
     """The DDL the manager would send for lock table ``name``, compiled for ``url``'s
     dialect without a table being made. MariaDB and MySQL 8 name their binary collation
-    differently, so a mysql:// URL, which serves both, asks the server which it is, or
+    differently, so a mysql:// URL, which serves both, asks the server which it is
+    (giving up as a manager with ``database_timeout=timeout`` gives up connecting), or
     gives both.
 
     :raises ValueError: tierlock does not support the URL's database, or SQLAlchemy
@@ -36,7 +37,7 @@ def table_ddl(url: URL, name: str) -> str:
         raise ValueError(str(exc)) from exc
     table = lock_table(name)
     if dialect.name == "mysql":
-        server = _server_dialect(url)
+        server = _server_dialect(url, connect_timeout(timeout))
         if server is None:
             return "\n".join(
                 [
@@ -59,12 +60,14 @@ def table_ddl(url: URL, name: str) -> str:
     )
 
 
-def _server_dialect(url: URL) -> Dialect | None:
-    """The dialect as connecting to ``url`` sets it up, or ``None`` if that fails."""
-    # Connecting also sends a few queries, so a server that stops answering after the
-    # handshake must not hold the command either; options in the URL take precedence.
+def _server_dialect(url: URL, seconds: float) -> Dialect | None:
+    """The dialect as connecting to ``url`` sets it up, or ``None`` if that fails or
+    takes longer than ``seconds`` a step."""
+    # PyMySQL reads the greeting and the login's answer with its read timeout, and
+    # connecting also sends a few queries, so a server that does not answer must not
+    # hold the command; options in the URL take precedence.
     timeouts = ("connect_timeout", "read_timeout", "write_timeout")
-    connect_args = {name: PROBE_TIMEOUT for name in timeouts if name not in url.query}
+    connect_args = {name: seconds for name in timeouts if name not in url.query}
     try:
         engine = create_engine(url, poolclass=NullPool, connect_args=connect_args)
     except ImportError:  # the URL's driver is missing: the DDL needs none

@@ -12,7 +12,9 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from ...errors import UNREACHABLE
 from ...urls import missing_driver, sql_url
+from ..basics import connect_timeout
 from ..gate import Gate
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "SQLITE_BUSY_SLICE",
     "SQLITE_LEAST_BUSY_WAIT",
     "engine_for_url",
+    "has_connected",
     "is_contention",
     "refuse_memory_database",
     "set_busy_timeout",
@@ -41,9 +44,8 @@ SQLITE_LEAST_SHARED_WAIT = 0.25
 
 # The default bound, in seconds, on one operation that cannot reach the database.
 DEFAULT_TIMEOUT = 20.0
-# Seconds to wait for a connection; pymysql also applies its read timeout to the
-# handshake, and libpq counts connect_timeout in whole seconds of at least 2.
-CONNECT_TIMEOUT = 5
+# libpq counts its connect_timeout in whole seconds, and takes at least this many.
+LEAST_LIBPQ_CONNECT_TIMEOUT = 2
 
 
 def _driver_timeouts(backend: str, timeout: float) -> dict[str, Any]:
@@ -54,16 +56,40 @@ def _driver_timeouts(backend: str, timeout: float) -> dict[str, Any]:
     """
     per_try = timeout / 2
     if backend == "postgresql":
-        # tcp_user_timeout (ms) drops a connection whose sent data stays unacknowledged.
+        # psycopg gives each address the host resolves to connect_timeout for the whole
+        # connect, login included. tcp_user_timeout (ms) drops a connection whose sent
+        # data stays unacknowledged; it also ends a connect whose SYN goes unanswered,
+        # which libpq then misreports as the server closing the connection, so it is
+        # no shorter than connect_timeout.
+        seconds = max(LEAST_LIBPQ_CONNECT_TIMEOUT, math.ceil(connect_timeout(timeout)))
         return {
-            "connect_timeout": max(2, min(CONNECT_TIMEOUT, math.ceil(per_try))),
-            "tcp_user_timeout": max(1, round(per_try * 1000)),
+            "connect_timeout": seconds,
+            "tcp_user_timeout": round(max(seconds, per_try) * 1000),
         }
     return {
-        "connect_timeout": min(CONNECT_TIMEOUT, per_try),
+        "connect_timeout": connect_timeout(timeout),
         "read_timeout": per_try,
         "write_timeout": per_try,
     }
+
+
+def _pymysql_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+    """A PyMySQL connection whose handshake keeps to ``connect_timeout``, as its TCP
+    connect does.
+
+    PyMySQL reads the server's greeting and the answer to the login with its read
+    timeout, so a server that takes the connection and never speaks would hold the
+    caller for the read timeout instead. The connection is opened with read and write
+    timeouts of ``connect_timeout``, and gets those asked for once it is open.
+    """
+    limit = cparams["connect_timeout"]
+    connection = dialect.loaded_dbapi.connect(
+        *cargs, **{**cparams, "read_timeout": limit, "write_timeout": limit}
+    )
+    # (PyMySQL has no public setter; it applies these at the next read and write.)
+    connection._read_timeout = cparams.get("read_timeout")
+    connection._write_timeout = cparams.get("write_timeout")
+    return connection
 
 
 def engine_for_url(url: str, timeout: float) -> Engine:
@@ -100,6 +126,8 @@ def engine_for_url(url: str, timeout: float) -> Engine:
         raise ValueError(f"cannot use {parsed!r}: {exc}") from exc
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_on_connect)
+    elif engine.dialect.driver == "pymysql":
+        event.listen(engine, "do_connect", _pymysql_connect)
     return engine
 
 
@@ -151,10 +179,30 @@ def is_contention(exc: DBAPIError) -> bool:
     )
 
 
-def unreachable(exc: DBAPIError) -> str:
+def unreachable(exc: DBAPIError, url: URL | None = None) -> str:
     """The message for a database out of reach: the same words on every database, so
-    that people and log searches find them, then the driver's reason."""
-    return f"cannot reach the database: {exc.orig}"
+    that people and log searches find them, then where it was looked for (``url``'s
+    server or file, if given) and the driver's reason, on one line."""
+    where = "" if url is None else f"{_address(url)}: "
+    return f"{UNREACHABLE}{where}{' '.join(str(exc.orig).split())}"
+
+
+def _address(url: URL) -> str:
+    """Where ``url``'s database is: a server's host and port, SQLite's file, or else the
+    URL (password hidden)."""
+    if url.get_backend_name() == "sqlite" and url.database:
+        return url.database
+    if url.host is None:
+        return url.render_as_string(hide_password=True)
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    return host if url.port is None else f"{host}:{url.port}"
+
+
+def has_connected(engine: Engine) -> bool:
+    """Whether ``engine`` has ever opened a connection (SQLAlchemy learns the server's
+    version from the first): until then an address that does not answer is more likely
+    wrong than restarting."""
+    return engine.dialect.server_version_info is not None
 
 
 def _sqlite_on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:

@@ -39,7 +39,13 @@ from ...errors import BackendError, LockError
 from ...stats import Counters
 from ..gate import Gate
 from .columns import MYSQL_FAMILY
-from .engine import SQLITE_BUSY_SLICE, is_contention, set_busy_timeout, unreachable
+from .engine import (
+    SQLITE_BUSY_SLICE,
+    has_connected,
+    is_contention,
+    set_busy_timeout,
+    unreachable,
+)
 from .link import Link
 from .queries import Query
 
@@ -177,7 +183,7 @@ class Runner:
             self._kind(exc) == _CONNECTION
             or getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_CANTOPEN
         ):
-            return unreachable(exc)
+            return unreachable(exc, self.engine.url)
         after = f" after {tries} tries" if tries > 1 else ""
         return f"{what} failed{after}: {orig}"
 
@@ -232,6 +238,10 @@ class Runner:
                     return on_contention()
                 logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
                 if kind == _CONNECTION:
+                    if link is None and not has_connected(self.engine):
+                        # The first connection failed: told at once, as a wrong address
+                        # or password would be, not tried again for database_timeout.
+                        raise BackendError(self.message(what, exc), key) from exc
                     self._doubt(owner, link)
                     uncertain = True
                 last = exc

@@ -52,7 +52,7 @@ def _create_table(engine: Engine, table: Table) -> None:
     except DBAPIError as exc:
         if is_contention(exc):
             raise
-        raise BackendError(unreachable(exc)) from exc
+        raise BackendError(unreachable(exc, engine.url)) from exc
     with connection:
         try:
             table.create(connection, checkfirst=True)
@@ -73,7 +73,7 @@ def _check_autoinc_lock_mode(engine: Engine, table: Table) -> None:
         with engine.connect() as connection:
             mode = connection.exec_driver_sql("SELECT @@innodb_autoinc_lock_mode").scalar()
     except DBAPIError as exc:
-        raise BackendError(unreachable(exc)) from exc
+        raise BackendError(unreachable(exc, engine.url)) from exc
     if mode == 2:
         logger.warning(
             "innodb_autoinc_lock_mode is 2 (interleaved): fencing tokens of lock table "

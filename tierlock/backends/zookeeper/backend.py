@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ... import process
-from ...errors import BackendError
+from ...errors import UNREACHABLE, BackendError
 from ...records import LockInfo, Owner, Promise
 from ...stats import Counters
 from .. import Doorbell, LockBackend
@@ -30,7 +30,7 @@ from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
 from .address import parse_url
 from .holds import Found, Nodes, holder_info
 from .nodes import Holder, Paths, milliseconds
-from .session import CANNOT_REACH, Calls, Session
+from .session import Calls, Session
 from .sweeper import Sweeper, unless_unreachable
 from .waiting import Waiting
 
@@ -264,7 +264,7 @@ class ZooKeeperBackend(LockBackend):
         if not session.connected:
             if session.may_have_expired():
                 return set()  # (their nodes may be gone: say so, rather than hide it)
-            raise BackendError(f"{CANNOT_REACH}ZooKeeper at {self.location} (renewals)")
+            raise BackendError(f"{UNREACHABLE}ZooKeeper at {self.location} (renewals)")
         current = session.session_id
         ours = [(key, owner) for key, owner in holds if self._in_session(owner, current)]
 

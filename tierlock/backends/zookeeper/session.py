@@ -10,11 +10,16 @@ the timeout) and may come back, or be LOST (the server expired it and deleted it
 nodes; kazoo then opens a new one). ``wire`` learns from kazoo's connection how long
 the server surely keeps the session, the ``promise`` that bounds every hold's belief,
 and abandons a handshake the server leaves unanswered.
+
+The first connection is one bounded wait, as an SQL engine's is: it gives up after
+``connect_timeout`` (kazoo would keep trying for as long as it is let, and wait for a
+TCP connect as long as the whole session lasts), so that a wrong address is told soon.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +33,13 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.states import KazooState
 
-from ...errors import BackendError, LockError
+from ...errors import UNREACHABLE, BackendError, LockError
 from ...records import Promise
 from ...stats import Counters
+from ..basics import connect_timeout
 from ..gate import Gate
 from .address import Address
 from .wire import Wire
@@ -55,11 +61,58 @@ UNCERTAIN = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTi
 # restarted server is found again within about that long.
 RECONNECT_PAUSE = 0.05
 MAX_RECONNECT_PAUSE = 0.5
-# How a BackendError begins on every engine when the server is out of reach.
-CANNOT_REACH = "cannot reach the database: "
 # Between two tries of an operation after a failure: time for kazoo to notice that the
 # connection dropped and to begin reconnecting.
 RETRY_PAUSE = 0.01
+# The least time a TCP connect is given, even past the first connection's deadline:
+# given none, kazoo fails it with an empty error, which a message could not tell from.
+LEAST_CONNECT_WAIT = 0.01
+
+
+class _Handler(SequentialThreadingHandler):  # type: ignore[misc]  # (kazoo is untyped)
+    """kazoo's threads, with the waits of its connection thread bounded: a TCP connect
+    by the connect timeout (kazoo's own is the whole session), a pause between connects
+    by the client's stop, and, while the first connection is made, every wait by its
+    deadline, so that the thread ends at once when the client is stopped for missing it."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        super().__init__()
+        self.connect_timeout = connect_timeout
+        self.connect_by = math.inf  # (time.monotonic()) the first connection's deadline
+        # Why the latest TCP connect failed (None if it did not), and whether any did not.
+        self.failure: OSError | None = None
+        self.reached = False
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        self._stopping.clear()
+        super().start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        super().stop()
+
+    def sleep_func(self, seconds: float) -> None:
+        """kazoo's pause between connects, cut short when the client stops."""
+        self._stopping.wait(seconds)
+
+    def _left(self) -> float:
+        return self.connect_by - time.monotonic()
+
+    def create_connection(self, *args: Any, timeout: float, **kwargs: Any) -> Any:
+        timeout = max(LEAST_CONNECT_WAIT, min(timeout, self.connect_timeout, self._left()))
+        try:
+            connection = super().create_connection(*args, timeout=timeout, **kwargs)
+        except OSError as exc:
+            self.failure = exc
+            raise
+        self.failure, self.reached = None, True
+        return connection
+
+    def select(self, rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            timeout = max(0.0, min(timeout, self._left()))
+        return super().select(rlist, wlist, xlist, timeout)
 
 
 class Session:
@@ -80,6 +133,7 @@ class Session:
         self.address = address
         self.requested = ttl  # the session timeout asked for, in seconds
         self.timeout = timeout  # how long an operation keeps trying
+        self.connect_timeout = connect_timeout(timeout)  # how long connecting may take
         self.counters = counters
         self._promised = promised
         self._on_connected = connected
@@ -131,7 +185,10 @@ class Session:
         return self.session_id is None or time.monotonic() >= self.wire.promise.until
 
     def _start(self, deadline: float) -> Any:
+        """A client connected by ``deadline``, or sooner after ``connect_timeout``."""
         address = self.address
+        handler = _Handler(self.connect_timeout)
+        handler.connect_by = min(deadline, time.monotonic() + self.connect_timeout)
         client = KazooClient(
             hosts=address.hosts,
             timeout=self.requested,
@@ -140,23 +197,38 @@ class Session:
                 "max_tries": -1,
                 "delay": RECONNECT_PAUSE,
                 "max_delay": MAX_RECONNECT_PAUSE,
+                "sleep_func": handler.sleep_func,
             },
+            handler=handler,
             logger=_kazoo_logger,
         )
         self.wire.attach(client._connection)
         client.add_listener(lambda state: self._changed(client, state))
         try:
-            client.start(timeout=max(0.001, deadline - time.monotonic()))
+            client.start(timeout=max(0.001, handler.connect_by - time.monotonic()))
         except KazooTimeoutError as exc:  # (start() has stopped the client)
-            raise BackendError(
-                f"{CANNOT_REACH}ZooKeeper at {address.location} did not answer within "
-                f"{self.timeout:g} s"
-            ) from exc
+            raise BackendError(f"{UNREACHABLE}{self._no_session(handler)}") from exc
         return client
+
+    def _no_session(self, handler: _Handler) -> str:
+        """Why the first connection failed, as far as kazoo's latest connect tells."""
+        where = f"ZooKeeper at {self.address.location}"
+        within = f"within {self.connect_timeout:g} s"
+        failure = handler.failure
+        if failure is None:
+            if handler.reached:
+                return f"{where} took the connection but did not answer {within}"
+            return f"{where}: no host of it could be resolved {within}"
+        if isinstance(failure, TimeoutError):
+            return f"{where} did not answer {within}"
+        return f"{where}: {failure.strerror or failure}"
 
     def _changed(self, client: Any, state: str) -> None:
         """kazoo's connection state listener; runs in its connection thread."""
         if state == KazooState.CONNECTED:
+            # The first connection's deadline bounds kazoo's waits no more (this runs in
+            # its connection thread, before that waits again).
+            client.handler.connect_by = math.inf
             self.session_id = client.client_id[0]
             self._connected.set()
             self._on_connected()
@@ -241,7 +313,7 @@ class Session:
 
     def _unreachable(self, what: str, why: object, key: str | None) -> BackendError:
         return BackendError(
-            f"{CANNOT_REACH}ZooKeeper at {self.address.location} did not answer ({what}) "
+            f"{UNREACHABLE}ZooKeeper at {self.address.location} did not answer ({what}) "
             f"within {self.timeout:g} s: {why!r}",
             key,
         )
