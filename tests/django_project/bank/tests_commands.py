@@ -78,7 +78,7 @@ class CommandTests(TransactionTestCase):  # type: ignore[misc]
             short.release()
 
     def test_a_missing_table_fails_with_one_line(self) -> None:
-        result = run_manage("tierlock", "ls", BANK_LOCK_TABLE="bank_nowhere")
+        result = run_manage("tierlock", "ls", BANK_TIERLOCK='{"TABLE": "bank_nowhere"}')
         assert (result.returncode, result.stdout) == (1, "")
         assert (
             result.stderr

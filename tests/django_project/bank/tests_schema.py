@@ -1,5 +1,6 @@
 """The migration creates exactly the table that ``LockManager(create_table=True)``
-creates, adopts that table, refuses another, and can be undone."""
+creates, adopts that table, refuses another (with one line from ``migrate``), and can
+be undone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import TransactionTestCase
@@ -128,10 +129,13 @@ class MigrationTests(TransactionTestCase):  # type: ignore[misc]
         self.addCleanup(drop_table, self.target.url, "bank_bogus")
         with (
             self.settings(TIERLOCK={"TABLE": "bank_bogus"}),
-            pytest.raises(LockTableError, match=r"lacks token, lock_key, .*proc_start"),
+            pytest.raises(
+                CommandError, match=r"^tierlock: .*lacks token, lock_key, .*proc_start"
+            ) as refused,
             connection.schema_editor() as editor,
         ):
             CreateLockTable().database_forwards("tierlock", editor, None, None)
+        assert isinstance(refused.value.__cause__, LockTableError)
 
     def test_migration_is_undone_and_done_again(self) -> None:
         before = described(self.engine, self.target.table)

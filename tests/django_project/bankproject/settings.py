@@ -3,11 +3,12 @@
 ``BANK_DB_URL``: a SQLAlchemy URL of a MariaDB or PostgreSQL server, or ``sqlite://``
 for files in ``BANK_DIR``; ``BANK_TEST_NAME``: the test database's name on a server;
 ``BANK_DB_NAME``: run on that database instead (a second process on the test database);
-``BANK_LOCK_TABLE``: the lock table, if not tierlock's default.
+``BANK_TIERLOCK``: a JSON object of further ``TIERLOCK`` settings (``TABLE``, ``URL``...).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -61,5 +62,4 @@ if "BANK_DB_NAME" in os.environ:
     DATABASES["default"]["NAME"] = os.environ["BANK_DB_NAME"]
 
 TIERLOCK: dict[str, Any] = {"TTL": 10}
-if "BANK_LOCK_TABLE" in os.environ:
-    TIERLOCK["TABLE"] = os.environ["BANK_LOCK_TABLE"]
+TIERLOCK.update(json.loads(os.environ.get("BANK_TIERLOCK", "{}")))

@@ -1,5 +1,6 @@
-"""The app (label ``tierlock``): its migration creates the lock table, and its command
-is ``manage.py tierlock``."""
+"""The app (label ``tierlock``): its migration creates the lock table, every ``migrate``
+of that table's database creates it again if it is missing (``TABLE`` changed, or the
+table dropped), and its command is ``manage.py tierlock``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from typing import Any
 from django.apps import AppConfig
 from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.signals import connection_created
+from django.db.models.signals import post_migrate, pre_migrate
+
+from .schema import check_before_migrate, create_missing_table
 
 
 class TierlockConfig(AppConfig):  # type: ignore[misc]
@@ -17,6 +21,8 @@ class TierlockConfig(AppConfig):  # type: ignore[misc]
 
     def ready(self) -> None:
         connection_created.connect(_let_go_before_database_changes, dispatch_uid="tierlock")
+        pre_migrate.connect(check_before_migrate, sender=self, dispatch_uid="tierlock")
+        post_migrate.connect(create_missing_table, sender=self, dispatch_uid="tierlock")
 
 
 def _let_go_before_database_changes(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -28,6 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from sqlalchemy.engine import URL
 
+from ...backends.basics import check_table_name
 from ...base import DEFAULT_TABLE
 from ...manager import LockManager
 from ...urls import engine_of, sql_url
@@ -93,7 +94,8 @@ def resolve() -> Target:
     """The lock table that the settings describe now.
 
     :raises ImproperlyConfigured: an unknown key, a missing alias, a database tierlock
-        cannot use, or a URL that would put the locks in the application's SQLite file.
+        cannot use, a table name it cannot use, or a URL that would put the locks in the
+        application's SQLite file.
     """
     config = tierlock_settings()
     unknown = sorted(set(config) - KNOWN_KEYS)
@@ -118,10 +120,14 @@ def resolve() -> Target:
         url, shared = database_url(database, vendor), vendor != "sqlite"
         # Nothing but this process can reach its temporary file, nor migrate it.
         create_table = create_table or _is_in_memory(database)
+    try:
+        table = check_table_name(config.get("TABLE", DEFAULT_TABLE))
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"TIERLOCK['TABLE']: {exc}") from None
     return Target(
         url=url,
         alias=alias,
-        table=config.get("TABLE", DEFAULT_TABLE),
+        table=table,
         shared=shared,
         create_table=create_table,
         options=tuple(

@@ -12,14 +12,24 @@ class Migration(migrations.Migration):  # type: ignore[misc]
         migrations.CreateModel(
             name="Account",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("balance", models.IntegerField()),
             ],
         ),
         migrations.CreateModel(
             name="Transfer",
             fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
                 ("src", models.IntegerField()),
                 ("dst", models.IntegerField()),
                 ("amount", models.IntegerField()),
