@@ -3,10 +3,11 @@
 ``POST /transfers {"source": 1, "target": 2, "amount": 5}`` reads both balances, awaits
 (where a real service would wait for its database) and writes both back: a request for
 the same user that the event loop runs meanwhile would see its write overwritten. So the
-handler holds both users' ``tierlock.aio`` locks, taken in sorted order so that
-opposite transfers (1 to 2 and 2 to 1) cannot each hold one lock and wait forever for the
-other. The locks belong to the request's task; waiting ones take no thread. A balance
-too small for the amount gets 409; ``GET /balances`` returns every balance.
+handler holds both users' ``tierlock.aio`` locks through ``locks.lock_all``, which takes
+them in one order, so that opposite transfers (1 to 2 and 2 to 1) cannot each hold one
+lock and wait forever for the other. The locks belong to the request's task; waiting
+ones take no thread. A balance too small for the amount gets 409; ``GET /balances``
+returns every balance.
 
 ``create_app(url)`` makes the app; its lifespan opens the ``AsyncLockManager`` on start-up,
 keeps it at ``app.state.locks`` and closes it on shutdown. The balances live in the
@@ -84,11 +85,8 @@ def create_app(url: str, table: str = "tierlock_locks", *, locking: bool = True)
             await move(transfer)
             return transfer
         locks: AsyncLockManager = request.app.state.locks
-        first, second = sorted((transfer.source, transfer.target))
-        async with (
-            locks.lock(("user", first), timeout=WAIT_LIMIT),
-            locks.lock(("user", second), timeout=WAIT_LIMIT),
-        ):
+        users = [("user", transfer.source), ("user", transfer.target)]
+        async with locks.lock_all(users, timeout=WAIT_LIMIT):
             await move(transfer)
         return transfer
 

@@ -2,9 +2,10 @@
 
 ``POST /transfer {"from": 1, "to": 2, "amount": 5}`` reads both balances, pauses and
 writes both back: two transfers that share a user would overwrite each other's writes,
-so the handler holds both users' locks, taken in sorted order so that opposite transfers
-(1 to 2 and 2 to 1) cannot each hold one lock and wait forever for the other. The locks
-come from ``tierlock.contrib.flask``: the app's settings name the lock database, and the
+so ``move()`` holds both users' locks: ``@locks.synchronized`` with a key template per
+user takes them all through ``lock_all``, in one order, so that opposite transfers (1 to
+2 and 2 to 1) cannot each hold one lock and wait forever for the other. The locks come
+from ``tierlock.contrib.flask``: the app's settings name the lock database, and the
 manager is opened at the first lock.
 
 Run as a script, it serves the app on a free port with a threaded server, fires
@@ -61,6 +62,18 @@ def open_accounts(bank: Path) -> None:
         )
 
 
+@locks.synchronized("user:{source}", "user:{target}")
+def move(bank: Path, source: int, target: int, amount: int) -> None:
+    """Move ``amount`` from user ``source`` to ``target``, holding both users' locks."""
+    with closing(connect(bank)) as db:
+        read = "SELECT balance FROM balances WHERE user_id = ?"
+        balances = {u: db.execute(read, (u,)).fetchone()[0] for u in (source, target)}
+        time.sleep(0.001)  # a request for the same user would read stale balances now
+        write = "UPDATE balances SET balance = ? WHERE user_id = ?"
+        db.execute(write, (balances[source] - amount, source))
+        db.execute(write, (balances[target] + amount, target))
+
+
 def create_app(url: str, table: str, bank: Path) -> Flask:
     app = Flask(__name__)
     app.config.update(TIERLOCK_URL=url, TIERLOCK_TABLE=table)
@@ -70,18 +83,7 @@ def create_app(url: str, table: str, bank: Path) -> Flask:
     def transfer() -> dict[str, int]:
         body = request.get_json()
         source, target, amount = int(body["from"]), int(body["to"]), int(body["amount"])
-        first, second = sorted((source, target))
-        with (
-            locks.lock(("user", first)),
-            locks.lock(("user", second)),
-            closing(connect(bank)) as db,
-        ):
-            read = "SELECT balance FROM balances WHERE user_id = ?"
-            balances = {u: db.execute(read, (u,)).fetchone()[0] for u in (source, target)}
-            time.sleep(0.001)  # a request for the same user would read stale balances now
-            write = "UPDATE balances SET balance = ? WHERE user_id = ?"
-            db.execute(write, (balances[source] - amount, source))
-            db.execute(write, (balances[target] + amount, target))
+        move(bank, source, target, amount)
         return {"from": source, "to": target, "amount": amount}
 
     @app.get("/balances")

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .keys import MAX_KEY_LENGTH
     from .lock import Lock
     from .manager import LockManager
+    from .multi import MultiLock
     from .records import LockInfo
     from .stats import LockStats
 
@@ -35,6 +36,7 @@ __all__ = [
     "LockStats",
     "LockTimeout",
     "MissingDriverError",
+    "MultiLock",
     "NotHeldError",
     "ReadLock",
     "Semaphore",
@@ -55,6 +57,7 @@ _HOMES = {
     "MAX_KEY_LENGTH": "keys",
     "Lock": "lock",
     "LockManager": "manager",
+    "MultiLock": "multi",
     "LockInfo": "records",
     "ReadLock": "handles",
     "Semaphore": "handles",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .backends import LockBackend
 from .backends.opening import open_backend
 from .errors import LockError
-from .lock import callback, flag, seconds
+from .lock import ReleaseRule, callback, flag, seconds
 from .reaper import Reaper
 from .stats import Counters, LockStats
 from .tier1.cohorts import released
@@ -63,6 +63,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 class ManagerBase:
     """Options (see ``LockManager``), counters, the backend and the reaper."""
+
+    #: What puts off releases of the manager's locks (``tierlock.contrib.sqlalchemy``).
+    _release_rule: ReleaseRule | None = None
 
     def __init__(
         self,

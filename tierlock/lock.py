@@ -19,7 +19,19 @@ if TYPE_CHECKING:
     from .tier1.reading import Readers
     from .tier1.tiers import OnLost, Tiers
 
-__all__ = ["Defaults", "Handle", "Lock", "Options", "Parts", "callback", "flag", "seconds"]
+__all__ = [
+    "Defaults",
+    "Handle",
+    "Lock",
+    "Options",
+    "Parts",
+    "ReleaseRule",
+    "Releasing",
+    "callback",
+    "flag",
+    "release_failed",
+    "seconds",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +106,21 @@ class Defaults(Protocol):
     on_lost: OnLost | None
 
 
-class Parts(Defaults, Protocol):
-    """What a handle reaches in its ``LockManager``: tier 1 of each kind of hold, and the
-    backend (typed here, so that the handles need not import the manager)."""
+class ReleaseRule(Protocol):
+    """What may put off the release of a manager's locks: its ``_release_rule``, set by
+    ``tierlock.contrib.sqlalchemy.hold_until_commit`` (``None``: releases are at once)."""
 
+    def defers(self, handle: Any) -> bool:
+        """Whether ``handle``'s release, asked for now by its holder, waits: if so, the
+        rule has kept it, to release it again when the holder's transaction ends."""
+
+
+class Parts(Defaults, Protocol):
+    """What a handle reaches in its ``LockManager``: tier 1 of each kind of hold, the
+    backend and the release rule (typed here, so that the handles need not import the
+    manager)."""
+
+    _release_rule: ReleaseRule | None
     _tiers: Tiers
     _reads: Readers
     _permits: Permits
@@ -154,22 +177,23 @@ class Options:
         return f"<{state} tierlock.{name} object key={self._key!r} at {id(self):#x}>"
 
 
-class Handle(Options, abc.ABC):
-    """A handle of a ``LockManager``: ``with``, and the kinds of hold as subclasses."""
+def release_failed(what: object, error: LockError) -> None:
+    """Log the failed release at the end of a ``with`` block whose body raised: the
+    body's exception, not the release's, is the one to see."""
+    logger.warning("releasing %r after an exception failed: %s", what, error)
+
+
+class Releasing(abc.ABC):
+    """The end of a ``with`` block over one key or several (see ``release_failed``)."""
 
     __slots__ = ()
-    _manager: Parts
-
-    @abc.abstractmethod
-    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
 
     @abc.abstractmethod
     def release(self) -> None: ...
 
-    def __enter__(self: H) -> H:
-        if not self.acquire(timeout=self._timeout):
-            raise LockTimeout(self._key, self._timeout or 0.0)
-        return self
+    @abc.abstractmethod
+    def _what(self) -> object:
+        """What a failed release is logged as: the key, or the keys."""
 
     def __exit__(
         self,
@@ -183,8 +207,25 @@ class Handle(Options, abc.ABC):
         try:
             self.release()
         except LockError as release_error:
-            # Do not hide the body's exception behind the release's.
-            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
+            release_failed(self._what(), release_error)
+
+
+class Handle(Options, Releasing):
+    """A handle of a ``LockManager``: ``with``, and the kinds of hold as subclasses."""
+
+    __slots__ = ()
+    _manager: Parts
+
+    @abc.abstractmethod
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
+
+    def _what(self) -> object:
+        return self._key
+
+    def __enter__(self: H) -> H:
+        if not self.acquire(timeout=self._timeout):
+            raise LockTimeout(self._key, self._timeout or 0.0)
+        return self
 
 
 class Lock(Handle):
@@ -225,12 +266,19 @@ class Lock(Handle):
     def release(self) -> None:
         """Release one level of the calling thread's hold; the last deletes the row.
 
+        Under a release rule (``tierlock.contrib.sqlalchemy.hold_until_commit``), a
+        release made while the thread's transaction is in progress takes effect when
+        that transaction ends.
+
         :raises NotHeldError: the calling thread does not hold the lock.
         :raises LockLostError: the hold was already gone (its lease ran out and it was
             reaped or taken over, or it was force-released). The lock is released
             locally all the same.
         """
         manager = self._manager
+        rule = manager._release_rule
+        if rule is not None and rule.defers(self):
+            return
         if not manager._reads.downgrade(self._key):
             manager._tiers.release(self._key)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .base import (
@@ -20,6 +20,7 @@ from .base import (
 from .handles import ReadLock, Semaphore
 from .keys import KeyLike, KeyTemplate, make_key
 from .lock import Lock, seconds
+from .multi import MultiLock, multi_lock
 from .records import LockInfo
 from .tier1.permits import Permits
 from .tier1.reading import Readers
@@ -47,8 +48,11 @@ class LockManager(ManagerBase):
         with locks.lock("order:7", ttl=10, timeout=5):
             ...                                 # LockTimeout after 5 s of waiting
 
-        @locks.synchronized("user:{user_id}")
-        def transfer(user_id: int, amount: int) -> None: ...
+        with locks.lock_all([("user", 1), ("user", 2)], timeout=5):
+            ...                                 # both keys, or LockTimeout and neither
+
+        @locks.synchronized("user:{source}", "user:{target}")
+        def transfer(source: int, target: int, amount: int) -> None: ...
 
     :param url: a SQLAlchemy database URL, ``redis://``/``rediss://host:port/db`` or
         ``zookeeper://host:port[,host:port]/chroot``; ``sqlite:///tierlock.db`` if neither
@@ -80,7 +84,8 @@ class LockManager(ManagerBase):
         up to half as long again.
     Its ``url`` (any password hidden) and ``table`` say where its locks live.
 
-    :raises ValueError, TypeError: a bad option; the message names it.
+    :raises ValueError: a bad option; the message names it.
+    :raises TypeError: an option of the wrong type; the message names it.
     :raises BackendError: the table could not be created within ``database_timeout``.
     """
 
@@ -140,6 +145,30 @@ class LockManager(ManagerBase):
         self._tiers.check_open()
         return Lock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
+    def lock_all(
+        self,
+        keys: Iterable[KeyLike],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> MultiLock:
+        """One handle on several keys, taken all or none; see :class:`MultiLock`.
+
+        The keys are checked as :meth:`lock` checks one, duplicates folded, and taken in
+        one order (sorted by key string) that every caller shares, so two sets never
+        deadlock. ``timeout`` is one deadline for the whole set: ``with`` raises
+        ``LockTimeout`` naming the key it could not get, having released the others.
+        The other options are :meth:`lock`'s, for every key.
+
+        :param keys: an iterable of keys (a list, a set, a tuple of keys).
+        :raises ValueError: no keys.
+        :raises TypeError: one key given alone instead of an iterable of keys.
+        :raises LockError: the manager is closed.
+        """
+        return multi_lock(self.lock, keys, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
     def write_lock(
         self,
         key: KeyLike,
@@ -189,7 +218,7 @@ class LockManager(ManagerBase):
     def synchronized(
         self,
         key: str,
-        *,
+        *keys: str,
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
@@ -198,9 +227,17 @@ class LockManager(ManagerBase):
         """Decorate a function so that each call runs holding a lock.
 
         ``key`` is a ``str.format`` template filled from the call's bound arguments,
-        defaults included: ``"user:{user_id}"`` or ``"order:{order.id}"``.
+        defaults included: ``"user:{user_id}"`` or ``"order:{order.id}"``. With more
+        templates (``"user:{source}", "user:{target}"``) each call holds all their keys,
+        taken through :meth:`lock_all`: in one order, within one ``timeout``, all or none.
         """
-        template = KeyTemplate(key)
+        templates = [KeyTemplate(template) for template in (key, *keys)]
+        options: dict[str, Any] = {
+            "ttl": ttl,
+            "timeout": timeout,
+            "renew": renew,
+            "on_lost": on_lost,
+        }
 
         def decorate(function: F) -> F:
             if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
@@ -210,12 +247,15 @@ class LockManager(ManagerBase):
                     "function: tierlock's LockManager locks belong to threads; use "
                     "tierlock.aio.AsyncLockManager's synchronized() for coroutines"
                 )
-            key_of = template.for_function(function)
+            keys_of = [template.for_function(function) for template in templates]
 
             @functools.wraps(function)
             def synchronized_call(*args: Any, **kwargs: Any) -> Any:
-                lock = self.lock(
-                    key_of(*args, **kwargs), ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+                # Through lock() only, which every integration's manager has.
+                lock = (
+                    self.lock(keys_of[0](*args, **kwargs), **options)
+                    if len(keys_of) == 1
+                    else multi_lock(self.lock, [k(*args, **kwargs) for k in keys_of], **options)
                 )
                 with lock:
                     return function(*args, **kwargs)

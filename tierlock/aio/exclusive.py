@@ -30,7 +30,7 @@ from ..records import Hold
 from ..tier1.cohorts import COURTESY_PAUSE, released
 from ..tier1.tiers import FIRST_POLL, OnLost, pass_locally, passes_locally
 from .core import Core
-from .waiters import Waiter, current_task, extend_hold, within
+from .waiters import Waiter, current_task, extend_hold, releasing_for, within
 
 __all__ = ["Exclusive"]
 
@@ -78,7 +78,7 @@ class Exclusive:
     def _held(self, key: str) -> _Key | None:
         self._core.check_process(key)
         entry = self._keys.get(key)
-        if entry is None or entry.holder is not asyncio.current_task():
+        if entry is None or entry.holder is not (releasing_for.get() or asyncio.current_task()):
             return None
         return entry
 

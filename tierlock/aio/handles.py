@@ -4,7 +4,6 @@ asyncio tasks (tier 1 in ``exclusive`` and ``shared``)."""
 from __future__ import annotations
 
 import abc
-import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 from ..errors import LockError, LockTimeout
 from ..handles import permit_count
 from ..keys import KeyLike
-from ..lock import Defaults, Options, seconds
+from ..lock import Defaults, Options, ReleaseRule, release_failed, seconds
 from ..tier1.pollers import shared_holds
 
 if TYPE_CHECKING:
@@ -28,14 +27,13 @@ __all__ = [
     "AsyncOnLost",
     "AsyncParts",
     "AsyncReadLock",
+    "AsyncReleasing",
     "AsyncSemaphore",
 ]
 
 #: ``on_lost(key, token)``: a plain function, called in a tierlock thread, or a
 #: coroutine function, run as a task in the manager's event loop.
 AsyncOnLost = Callable[[str, int], Awaitable[None] | None]
-
-logger = logging.getLogger(__name__)
 
 H = TypeVar("H", bound="AsyncHandle")
 
@@ -44,6 +42,7 @@ class AsyncParts(Defaults, Protocol):
     """What an async handle reaches in its ``AsyncLockManager`` (typed here, so that the
     handles need not import the manager)."""
 
+    _release_rule: ReleaseRule | None
     _core: Core
     _exclusive: Exclusive
     _shares: Shares
@@ -51,28 +50,18 @@ class AsyncParts(Defaults, Protocol):
     def _reporter(self, on_lost: Any) -> OnLost | None: ...
 
 
-class AsyncHandle(Options, abc.ABC):
-    """What every async handle has: its options and ``async with``."""
+class AsyncReleasing(abc.ABC):
+    """The end of an ``async with`` block over one key or several, as
+    ``tierlock.lock.Releasing``; and a plain ``with``, refused."""
 
     __slots__ = ()
-    _manager: AsyncParts
-
-    @abc.abstractmethod
-    async def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
 
     @abc.abstractmethod
     async def release(self) -> None: ...
 
-    def _hold_options(self, blocking: bool, timeout: float | None) -> tuple[Any, float | None]:
-        """``on_lost`` as tier 1 calls it (in a thread), and the seconds to wait."""
-        on_lost, wait = self._options(blocking, timeout)
-        self._manager._core.check_process(self._key)
-        return self._manager._reporter(on_lost), wait
-
-    async def __aenter__(self: H) -> H:
-        if not await self.acquire(timeout=self._timeout):
-            raise LockTimeout(self._key, self._timeout or 0.0)
-        return self
+    @abc.abstractmethod
+    def _what(self) -> object:
+        """What a failed release is logged as: the key, or the keys."""
 
     async def __aexit__(
         self,
@@ -86,14 +75,37 @@ class AsyncHandle(Options, abc.ABC):
         try:
             await self.release()
         except LockError as release_error:
-            # Do not hide the body's exception behind the release's.
-            logger.warning("releasing %r after an exception failed: %s", self._key, release_error)
+            release_failed(self._what(), release_error)
 
     def __enter__(self) -> NoReturn:
         raise TypeError(f"use 'async with' with tierlock.{type(self).__name__}, not 'with'")
 
-    def __exit__(self, *exc_info: object) -> None:  # (never reached: __enter__ raises)
-        pass
+    def __exit__(self, *exc_info: object) -> None:
+        return None  # (never reached: __enter__ raises)
+
+
+class AsyncHandle(Options, AsyncReleasing):
+    """What every async handle has: its options and ``async with``."""
+
+    __slots__ = ()
+    _manager: AsyncParts
+
+    @abc.abstractmethod
+    async def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool: ...
+
+    def _what(self) -> object:
+        return self._key
+
+    def _hold_options(self, blocking: bool, timeout: float | None) -> tuple[Any, float | None]:
+        """``on_lost`` as tier 1 calls it (in a thread), and the seconds to wait."""
+        on_lost, wait = self._options(blocking, timeout)
+        self._manager._core.check_process(self._key)
+        return self._manager._reporter(on_lost), wait
+
+    async def __aenter__(self: H) -> H:
+        if not await self.acquire(timeout=self._timeout):
+            raise LockTimeout(self._key, self._timeout or 0.0)
+        return self
 
 
 def _live(hold: Hold | None) -> bool:
@@ -129,10 +141,17 @@ class AsyncLock(AsyncHandle):
     async def release(self) -> None:
         """Release one level of the calling task's hold; the last passes it on.
 
+        Under a release rule (``tierlock.contrib.sqlalchemy.hold_until_commit``), a
+        release made while the task's transaction is in progress takes effect when
+        that transaction ends.
+
         :raises NotHeldError: the calling task does not hold the lock.
         :raises LockLostError: the hold was already gone.
         """
         manager = self._manager
+        rule = manager._release_rule
+        if rule is not None and rule.defers(self):
+            return
         if manager._shares.covered(self._key) and manager._exclusive.depth(self._key) == 1:
             manager._core.counters.add("releases")
             await manager._shares.downgrade(self._key)

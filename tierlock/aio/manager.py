@@ -6,7 +6,7 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..base import (
@@ -23,6 +23,7 @@ from ..tier1.tiers import OnLost
 from .core import Core
 from .exclusive import Exclusive
 from .handles import AsyncLock, AsyncOnLost, AsyncReadLock, AsyncSemaphore
+from .multi import AsyncMultiLock, async_multi_lock
 from .shared import Shares
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class AsyncLockManager(ManagerBase):
         async with AsyncLockManager("postgresql+psycopg://postgres@127.0.0.1/test") as locks:
             async with locks.lock(("user", 42), timeout=5):
                 ...
+            async with locks.lock_all([("user", 1), ("user", 2)], timeout=5):
+                ...                             # both keys, or LockTimeout and neither
 
     A hold belongs to the task that acquired it. Tasks of one manager that want a key
     wait in the event loop, first come first served, with no thread each; one poller
@@ -110,6 +113,22 @@ class AsyncLockManager(ManagerBase):
         self._core.check_open()
         return AsyncLock(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
+    def lock_all(
+        self,
+        keys: Iterable[KeyLike],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: AsyncOnLost | None = None,
+    ) -> AsyncMultiLock:
+        """One handle on several keys, taken all or none by the calling task, in one
+        order and within one ``timeout``; see :class:`AsyncMultiLock` and
+        ``LockManager.lock_all``."""
+        return async_multi_lock(
+            self.lock, keys, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+        )
+
     def write_lock(
         self,
         key: KeyLike,
@@ -156,15 +175,22 @@ class AsyncLockManager(ManagerBase):
     def synchronized(
         self,
         key: str,
-        *,
+        *keys: str,
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
         on_lost: AsyncOnLost | None = None,
     ) -> Callable[[F], F]:
         """Decorate an ``async def`` function so that each call runs holding a lock,
-        its key formatted from the call's arguments (see ``LockManager.synchronized``)."""
-        template = KeyTemplate(key)
+        its key formatted from the call's arguments; with several templates, holding
+        all their keys, taken through :meth:`lock_all` (see ``LockManager.synchronized``)."""
+        templates = [KeyTemplate(template) for template in (key, *keys)]
+        options: dict[str, Any] = {
+            "ttl": ttl,
+            "timeout": timeout,
+            "renew": renew,
+            "on_lost": on_lost,
+        }
 
         def decorate(function: F) -> F:
             if not inspect.iscoroutinefunction(function):
@@ -172,12 +198,14 @@ class AsyncLockManager(ManagerBase):
                     f"AsyncLockManager.synchronized() guards async def functions, and "
                     f"{function.__qualname__}() is not one; use LockManager's for threads"
                 )
-            key_of = template.for_function(function)
+            keys_of = [template.for_function(function) for template in templates]
 
             @functools.wraps(function)
             async def synchronized_call(*args: Any, **kwargs: Any) -> Any:
-                lock = self.lock(
-                    key_of(*args, **kwargs), ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+                lock = (
+                    self.lock(keys_of[0](*args, **kwargs), **options)
+                    if len(keys_of) == 1
+                    else self.lock_all([k(*args, **kwargs) for k in keys_of], **options)
                 )
                 async with lock:
                     return await function(*args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from ..errors import LockError, LockLostError
@@ -12,11 +13,20 @@ from ..records import Hold, Owner
 from ..tier1.tiers import OnLost
 from .core import Core
 
-__all__ = ["Waiter", "current_task", "extend_hold", "within"]
+__all__ = ["Waiter", "current_task", "extend_hold", "releasing_for", "within"]
+
+#: The task whose holds the calling task releases for it: a release put off until a
+#: transaction ends, which SQLAlchemy may end in a task of its own (``async with
+#: session`` closes it in one); see ``tierlock.contrib.sqlalchemy``. ``None``: its own.
+#: The manager's tasks that such a release starts inherit it; none asks for its task.
+releasing_for: ContextVar[asyncio.Task[Any] | None] = ContextVar("releasing_for", default=None)
 
 
 def current_task() -> asyncio.Task[object]:
-    """The calling task, which owns what it acquires."""
+    """The calling task, which owns what it acquires (or the task it releases for)."""
+    task = releasing_for.get()
+    if task is not None:
+        return task
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no event loop runs

@@ -16,12 +16,23 @@
     def pay(user_id: int, amount: int) -> None: ...
 
 Settings, read by ``init_app``: ``TIERLOCK_URL`` (default: ``SQLALCHEMY_DATABASE_URI``),
-``TIERLOCK_TABLE``, ``TIERLOCK_TTL`` and ``TIERLOCK_OPTIONS``, a dict of the rest of
-``LockManager``'s keyword options. ``app.extensions["tierlock"]`` is an
-:class:`AppLockManager` (see ``tierlock.contrib.lazy``): it has the manager's methods
-but makes the manager, and so connects, only when first used, so that an app starts
-while its database is down and a module can decorate functions at import. The manager
-is closed at interpreter exit.
+``TIERLOCK_TABLE``, ``TIERLOCK_TTL``, ``TIERLOCK_OPTIONS``, a dict of the rest of
+``LockManager``'s keyword options, and ``TIERLOCK_HOLD_UNTIL_COMMIT`` (below).
+``app.extensions["tierlock"]`` is an :class:`AppLockManager` (see
+``tierlock.contrib.lazy``): it has the manager's methods but makes the manager, and so
+connects, only when first used, so that an app starts while its database is down and
+a module can decorate functions at import. The manager is closed at interpreter exit.
+
+With Flask-SQLAlchemy on the app, a lock released while the request's ``db.session``
+has a transaction in progress (any query through it begins one) stays held until that
+transaction commits or rolls back, ``db.session.remove()`` at the end of the request
+included: otherwise the next holder would read what this one wrote but has not yet
+committed, and overwrite it (``tierlock.contrib.sqlalchemy``). It is on unless
+``TIERLOCK_HOLD_UNTIL_COMMIT`` is ``False``, for every exclusive lock of the app's
+manager (read locks and semaphores release at once), whichever extension is set up
+first: ``init_app`` watches ``db.session`` if Flask-SQLAlchemy is set up already, else
+from the first app context pushed once it is (``db.session`` is used in app contexts
+only).
 
 Under gunicorn, each worker uses a manager of its own: one made in the master before
 the fork (``--preload``) starts afresh in each worker, as every ``LockManager`` does.
@@ -39,7 +50,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import click
-from flask import Flask, current_app, has_app_context
+from flask import Flask, appcontext_pushed, current_app, has_app_context
 from flask.cli import AppGroup
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -48,12 +59,13 @@ from ..backends.basics import check_table_name
 from ..base import DEFAULT_TABLE, DEFAULT_TTL
 from ..errors import BackendError, LockError
 from ..keys import KeyLike
-from ..lock import Lock, seconds
+from ..lock import Lock, flag, seconds
 from ..manager import LockManager
 from ..tier1.tiers import OnLost
 from ..tools import admin
 from ..urls import shown_url
 from .lazy import LazyLockManager, synchronized_by
+from .sqlalchemy import TransactionRule
 
 __all__ = ["AppLockManager", "TierLock"]
 
@@ -67,17 +79,32 @@ RESERVED_OPTIONS = ("url", "engine", "table", "ttl")
 class AppLockManager(LazyLockManager):
     """An app's manager, made from its settings at first use; ``url``, ``table`` and
     ``ttl`` are the settings' own, read without connecting. If making it fails
-    (``BackendError``: the database is down), the next use tries again."""
+    (``BackendError``: the database is down), the next use tries again.
 
-    def __init__(self, url: str, *, table: str, ttl: float, options: Mapping[str, Any]) -> None:
+    :param rule: the transaction rule its manager follows (see the module); ``None``:
+        releases are at once.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str,
+        ttl: float,
+        options: Mapping[str, Any],
+        rule: TransactionRule | None = None,
+    ) -> None:
         super().__init__()
         self._url = url
         self._options = {"table": table, "ttl": ttl, **options}
         self._shown = shown_url(url)
         self._table, self._ttl = table, ttl
+        self._rule = rule
 
     def _make(self) -> LockManager:
-        return LockManager(self._url, **self._options)
+        manager = LockManager(self._url, **self._options)
+        manager._release_rule = self._rule
+        return manager
 
     @property
     def url(self) -> str:
@@ -106,17 +133,21 @@ class TierLock:
 
     def init_app(self, app: Flask) -> None:
         """Read the app's settings, put its lazy manager at ``app.extensions["tierlock"]``
-        and add ``flask tierlock``; connects to nothing.
+        and add ``flask tierlock``; connects to nothing. With ``TIERLOCK_HOLD_UNTIL_COMMIT``
+        (the default), the manager follows the transaction rule for Flask-SQLAlchemy's
+        ``db.session``, whether it is set up before or after (see the module).
 
         :raises RuntimeError: neither ``TIERLOCK_URL`` nor ``SQLALCHEMY_DATABASE_URI``
             is set.
-        :raises ValueError, TypeError: a bad setting; the message names it.
+        :raises ValueError: a bad setting; the message names it.
+        :raises TypeError: a setting of the wrong type; the message names it.
         """
         if EXTENSION in app.extensions:
             raise RuntimeError(f"tierlock is already set up for app {app.name!r}")
         config = app.config
         table = check_table_name(config.get("TIERLOCK_TABLE", DEFAULT_TABLE))
         ttl = seconds("TIERLOCK_TTL", config.get("TIERLOCK_TTL", DEFAULT_TTL))
+        holding = flag("TIERLOCK_HOLD_UNTIL_COMMIT", config.get("TIERLOCK_HOLD_UNTIL_COMMIT", True))
         options = dict(config.get("TIERLOCK_OPTIONS") or {})
         for name in RESERVED_OPTIONS:
             if name in options:
@@ -125,7 +156,9 @@ class TierLock:
                 )
         # Unknown options fail now rather than at the first request.
         inspect.signature(LockManager).bind_partial(**options)
-        lazy = AppLockManager(_database_url(app), table=table, ttl=ttl, options=options)
+        url = _database_url(app)
+        rule = _hold_until_commit(app) if holding else None
+        lazy = AppLockManager(url, table=table, ttl=ttl, options=options, rule=rule)
         app.extensions[EXTENSION] = lazy
         app.cli.add_command(cli)
         self._managers.append(lazy)
@@ -164,19 +197,41 @@ class TierLock:
     def synchronized(
         self,
         key: str,
-        *,
+        *keys: str,
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
         on_lost: OnLost | None = None,
     ) -> Callable[[F], F]:
-        """``LockManager.synchronized``, with the app's manager found at each call."""
-        return synchronized_by(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+        """``LockManager.synchronized`` (several templates too), with the app's manager
+        found at each call."""
+        return synchronized_by(
+            self, key, *keys, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+        )
 
     def close(self) -> None:
         """Close the managers of every app set up (tests; exit does it by itself)."""
         for lazy in self._managers:
             lazy.close()
+
+
+def _hold_until_commit(app: Flask) -> TransactionRule:
+    """The transaction rule for Flask-SQLAlchemy's ``db.session``: it watches the
+    session now if Flask-SQLAlchemy is set up, else from the first app context pushed
+    once it is, before any use of the session there."""
+    rule = TransactionRule(tasks=False)
+
+    def watch(sender: Flask, **_: object) -> bool:
+        db = app.extensions.get("sqlalchemy")
+        if db is None:
+            return False
+        rule.watch(db.session)
+        appcontext_pushed.disconnect(watch, app)
+        return True
+
+    if not watch(app):
+        appcontext_pushed.connect(watch, app, weak=False)
+    return rule
 
 
 def _database_url(app: Flask) -> str:

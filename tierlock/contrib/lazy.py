@@ -18,7 +18,7 @@ import atexit
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar, cast
 
 from ..errors import LockError
@@ -26,6 +26,7 @@ from ..handles import ReadLock, Semaphore
 from ..keys import KeyLike
 from ..lock import Lock
 from ..manager import LockManager
+from ..multi import MultiLock, multi_lock
 from ..records import LockInfo
 from ..stats import LockStats
 from ..tier1.tiers import OnLost
@@ -136,6 +137,19 @@ class LazyLockManager(abc.ABC):
         """``LockManager.lock``."""
         return self.manager.lock(key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
 
+    def lock_all(
+        self,
+        keys: Iterable[KeyLike],
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        renew: bool | None = None,
+        on_lost: OnLost | None = None,
+    ) -> MultiLock:
+        """``LockManager.lock_all`` over this object's ``lock()``, so that the set's
+        keys follow the integration's own release rule."""
+        return multi_lock(self.lock, keys, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+
     def write_lock(
         self,
         key: KeyLike,
@@ -179,15 +193,17 @@ class LazyLockManager(abc.ABC):
     def synchronized(
         self,
         key: str,
-        *,
+        *keys: str,
         ttl: float | None = None,
         timeout: float | None = None,
         renew: bool | None = None,
         on_lost: OnLost | None = None,
     ) -> Callable[[F], F]:
         """``LockManager.synchronized`` over this object's ``lock()``: decorating checks
-        the template and the function's parameters but makes nothing; each call does."""
-        return synchronized_by(self, key, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost)
+        the templates and the function's parameters but makes nothing; each call does."""
+        return synchronized_by(
+            self, key, *keys, ttl=ttl, timeout=timeout, renew=renew, on_lost=on_lost
+        )
 
     def info(self, key: KeyLike) -> LockInfo | None:
         return self.manager.info(key)
@@ -239,8 +255,8 @@ class LazyLockManager(abc.ABC):
         return self.manager.poll_interval
 
 
-def synchronized_by(owner: object, key: str, **options: Any) -> Callable[[F], F]:
+def synchronized_by(owner: object, key: str, *keys: str, **options: Any) -> Callable[[F], F]:
     """``LockManager.synchronized`` over ``owner.lock``, which finds the manager at each
-    call: the template and the function are checked now, and nothing connects."""
+    call: the templates and the function are checked now, and nothing connects."""
     # The decorator touches its manager only through lock(), which ``owner`` has.
-    return LockManager.synchronized(cast(LockManager, owner), key, **options)
+    return LockManager.synchronized(cast(LockManager, owner), key, *keys, **options)

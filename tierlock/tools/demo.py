@@ -4,9 +4,10 @@ Worker processes run threads that move random amounts between random accounts ke
 a table of the database under test. A transfer reads both balances, pauses and writes
 both back in separate autocommit statements, with no transaction around them: two
 transfers that overlap on an account overwrite each other's writes unless something
-keeps them apart. The guarded run takes both accounts' locks, in sorted order so that no
-two transfers can wait for each other in a circle; the unguarded run takes none. Both
-totals are summed from the table itself, before and after.
+keeps them apart. The guarded run takes both accounts' locks with ``lock_all``, which
+takes them in one order, so that no two transfers can wait for each other in a circle;
+the unguarded run takes none. Both totals are summed from the table itself, before and
+after.
 """
 
 from __future__ import annotations
@@ -135,12 +136,9 @@ def _transfer_until_done(
         if locks is None:
             accounts.move(source, target, amount)
             return
-        first, second = (
-            locks.lock((KEY_PREFIX, account), timeout=LOCK_WAIT_LIMIT)
-            for account in sorted((source, target))
-        )
+        both = locks.lock_all([(KEY_PREFIX, source), (KEY_PREFIX, target)], timeout=LOCK_WAIT_LIMIT)
         began = time.perf_counter()
-        with first, second:
+        with both:
             waits.append(time.perf_counter() - began)
             accounts.move(source, target, amount)
 

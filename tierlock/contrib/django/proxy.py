@@ -22,8 +22,8 @@ class SettingsLockManager(LazyLockManager):
     It is made again, and the old one closed, when the settings it was made from
     change: Django's test runner points ``DATABASES`` at the test database after the
     project's modules are imported, and ``override_settings`` may change ``TIERLOCK``.
-    ``lock()`` and ``synchronized()`` follow the transaction rule (see
-    ``transactions``).
+    ``lock()``, ``lock_all()`` and ``synchronized()`` follow the transaction rule (see
+    ``transactions``): the last two take their keys through ``lock()``.
     """
 
     def __init__(self) -> None:

@@ -7,15 +7,16 @@ overwrite the new ones (lost updates), and ``ATOMIC_REQUESTS`` wraps every view 
 such a transaction. So :class:`TransactionLock`, the handle the integration gives,
 defers its release while any database connection of the calling thread is inside an
 atomic block, and the deferred releases run, in reverse order, once the last of them
-exits.
+exits; a failure among them is logged. The bookkeeping is the SQLAlchemy session
+rule's (``tierlock.contrib.sqlalchemy``), forked children forgetting it included.
 
 Django has ``transaction.on_commit`` but no hook for a rollback, and an on_commit
 callback registered inside a savepoint is dropped when that savepoint rolls back. So
 the integration wraps ``Atomic.__exit__``, which ends every atomic block, whatever
 opened it (``ATOMIC_REQUESTS``, ``@atomic``, ``with atomic()``, a test case) and however
 it ends (commit, rollback, a failed commit, a connection closed mid-transaction); when
-nothing is deferred the wrapper costs one thread-local look-up. It is installed when
-this module is first imported, so only blocks entered after that are watched: a
+no thread has a release deferred the wrapper costs one emptiness check. It is installed
+when this module is first imported, so only blocks entered after that are watched: a
 release inside a block entered earlier is not deferred, since nothing would end it.
 The atomic blocks that ``TestCase`` wraps around each test never commit; they do not
 count, as Django's own ``durable`` check ignores them.
@@ -23,31 +24,23 @@ count, as Django's own ``durable`` check ignores them.
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from typing import Any
 
 from django.db import connections
 from django.db.transaction import Atomic
 
-from ...errors import LockError, NotHeldError
 from ...lock import Lock
+from ..sqlalchemy import Deferrals, release_in_turn
 
 __all__ = ["TransactionLock", "in_transaction"]
-
-logger = logging.getLogger(__name__)
 
 # Set on every Atomic entered while the wrapper is installed.
 WATCHED = "_tierlock_watched"
 
-
-class _Deferred(threading.local):
-    def __init__(self) -> None:
-        self.locks: list[Lock] = []
-
-
-_deferred = _Deferred()
+# The releases put off, kept (and forgotten in a forked child) as the SQLAlchemy
+# session rule keeps its own.
+_deferred: Deferrals[Lock] = Deferrals()
 
 
 def in_transaction() -> bool:
@@ -68,24 +61,15 @@ class TransactionLock(Lock):
     __slots__ = ()
 
     def release(self) -> None:
-        if not in_transaction():
+        if in_transaction():
+            _deferred.put_off(threading.current_thread(), self)
+        else:
             super().release()
-            return
-        if self.token is None:  # fail now, as an immediate release would
-            raise NotHeldError(f"cannot release {self.key!r}: not held by this thread")
-        _deferred.locks.append(self)
 
 
 def _release_deferred() -> None:
-    if in_transaction():
-        return
-    locks, _deferred.locks = _deferred.locks, []
-    for lock in reversed(locks):
-        try:
-            Lock.release(lock)
-        except LockError as exc:
-            # The transaction has ended already; raising here would only hide why.
-            logger.error("releasing %r at the end of its transaction failed: %s", lock.key, exc)
+    if not in_transaction():
+        release_in_turn(_deferred.take(threading.current_thread()))
 
 
 def _watch_atomic_blocks() -> None:
@@ -101,7 +85,7 @@ def _watch_atomic_blocks() -> None:
         try:
             return exit_(self, *exc_info)
         finally:
-            if _deferred.locks:
+            if _deferred:  # (some thread put a release off)
                 _release_deferred()
 
     setattr(watched_exit, WATCHED, True)
@@ -109,10 +93,4 @@ def _watch_atomic_blocks() -> None:
     Atomic.__exit__ = watched_exit
 
 
-def _forget_in_child() -> None:
-    # A forked child holds none of its parent's locks (see LockManager).
-    _deferred.locks = []
-
-
 _watch_atomic_blocks()
-os.register_at_fork(after_in_child=_forget_in_child)
