@@ -1,14 +1,17 @@
-"""What one uncontended acquire + release costs through tierlock, next to its floor.
+"""What one uncontended acquire + release costs through tierlock, next to its floors.
 
-The floor is the two statements a hold needs (tierlock's own insert-if-absent and its
-delete by key and owner, taken from its backend and compiled for the server; on
-PostgreSQL the delete also announces the release with NOTIFY) sent on one persistent
-autocommit connection of the bare driver: sqlite3, pymysql or psycopg. Both use the same
-table, on disjoint pools of keys, so the row and index work is the same. The rest of
-tierlock's time is its own: tier 1, SQLAlchemy, the connection pool.
+The first floor, raw, is the two statements a hold needs (tierlock's own
+insert-if-absent and its delete by key and owner, taken from its backend and compiled
+for the server; on PostgreSQL the delete also announces the release with NOTIFY) sent
+on one persistent autocommit connection of the bare driver: sqlite3, pymysql or
+psycopg. Both use the same table, on disjoint pools of keys, so the row and index work
+is the same: the rest of tierlock's time is its own (tier 1, the runner, the
+connection pool). The second is the lock a user would write on a bare cursor
+(:mod:`bench.bare`), on its narrow table of its own: what its statements and its
+table cost besides.
 
-Rounds visit every database in turn; within a round the two sides take turns every
-few dozen cycles, the first side alternating by round, so noise hits both alike. Each
+Rounds visit every database in turn; within a round the sides take turns every few
+dozen cycles, their order reversed every other round, so noise hits all alike. Each
 sample is one acquire + release; medians and 90th percentiles are over all rounds.
 """
 
@@ -33,6 +36,7 @@ import tierlock
 from tierlock.backends.sql import SQLBackend
 from tierlock.backends.sql.table import Statements
 
+from .bare import BareCursorContender, bare_table, bare_tables
 from .drivers import mysql_connection, postgresql_connection
 from .report import percentile
 
@@ -169,6 +173,17 @@ def raw_side(url: URL, dialect: Dialect, sql: Statements, table: str) -> Side:
     raise ValueError(f"no raw driver for {backend!r}")
 
 
+def bare_side(url: str, table: str) -> Side:
+    """The bare cursor's lock, on its table beside ``table``."""
+    contender = BareCursorContender(url, bare_table(table))
+
+    def cycle(index: int) -> None:
+        contender.acquire(index)
+        contender.release(index)
+
+    return Side(cycle, contender.close)
+
+
 def connected_dialect(url: str) -> Dialect:
     """The dialect tierlock compiles with on this server, initialised by a first connect."""
     engine = sqlalchemy.create_engine(url)
@@ -180,7 +195,8 @@ def connected_dialect(url: str) -> Dialect:
 
 
 class Pair:
-    """One database: the tierlock side and the raw side, on one table."""
+    """One database: the tierlock side and the raw side, on one table, and the bare
+    cursor's on its own."""
 
     def __init__(self, name: str, url: str, table: str) -> None:
         self.name = name
@@ -191,26 +207,35 @@ class Pair:
         except BaseException:
             self.tierlock.close()
             raise
-        self.sides = (self.tierlock, self.raw)
+        try:
+            self.bare = bare_side(url, table)
+        except BaseException:
+            self.tierlock.close()
+            self.raw.close()
+            raise
+        self.sides = (self.tierlock, self.raw, self.bare)
 
     def close(self) -> None:
         self.tierlock.close()
         self.raw.close()  # and drops the table
+        self.bare.close()
 
 
 def table_rows(pairs: Sequence[Pair]) -> list[str]:
     """The comparison table, one row per database."""
     lines = [
-        "| database | tierlock median µs | tierlock p90 µs | raw median µs | raw p90 µs | ratio |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| database | tierlock median µs | tierlock p90 µs | raw median µs | raw p90 µs "
+        "| ratio | bare cursor median µs | bare cursor p90 µs | ratio to bare cursor |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for pair in pairs:
-        ours, raw = pair.tierlock.samples, pair.raw.samples
-        ours_median, raw_median = statistics.median(ours), statistics.median(raw)
+        ours, raw, bare = (side.samples for side in pair.sides)
+        medians = [statistics.median(samples) for samples in (ours, raw, bare)]
         lines.append(
-            f"| {pair.name} | {ours_median / 1000:.1f} | {percentile(ours, 0.9) / 1000:.1f} "
-            f"| {raw_median / 1000:.1f} | {percentile(raw, 0.9) / 1000:.1f} "
-            f"| {ours_median / raw_median:.2f} |"
+            f"| {pair.name} | {medians[0] / 1000:.1f} | {percentile(ours, 0.9) / 1000:.1f} "
+            f"| {medians[1] / 1000:.1f} | {percentile(raw, 0.9) / 1000:.1f} "
+            f"| {medians[0] / medians[1]:.2f} | {medians[2] / 1000:.1f} "
+            f"| {percentile(bare, 0.9) / 1000:.1f} | {medians[0] / medians[2]:.2f} |"
         )
     return lines
 
@@ -219,25 +244,28 @@ def compare(urls: dict[str, str], rounds: int, iterations: int, table: str) -> l
     """Measure each database (name to URL) on a scratch ``table``, dropped afterwards;
     return the report's markdown lines."""
     pairs: list[Pair] = []
-    try:
-        for name, url in urls.items():
-            pairs.append(Pair(name, url, table))
-        for pair in pairs:
-            for side in pair.sides:
-                side.run(min(WARMUP, iterations), record=False)
-        for number in range(rounds):
-            print(f"acquire-release: round {number + 1} of {rounds}", file=sys.stderr)
+    with bare_tables(urls.values(), table):
+        try:
+            for name, url in urls.items():
+                pairs.append(Pair(name, url, table))
             for pair in pairs:
-                sides = pair.sides if number % 2 == 0 else pair.sides[::-1]
-                for done in range(0, iterations, BLOCK):
-                    for side in sides:
-                        side.run(min(BLOCK, iterations - done))
-    finally:
-        for pair in pairs:
-            pair.close()
+                for side in pair.sides:
+                    side.run(min(WARMUP, iterations), record=False)
+            for number in range(rounds):
+                print(f"acquire-release: round {number + 1} of {rounds}", file=sys.stderr)
+                for pair in pairs:
+                    sides = pair.sides if number % 2 == 0 else pair.sides[::-1]
+                    for done in range(0, iterations, BLOCK):
+                        for side in sides:
+                            side.run(min(BLOCK, iterations - done))
+        finally:
+            for pair in pairs:
+                pair.close()
     caption = (
         f"Uncontended acquire + release, {rounds} interleaved round(s) x {iterations} "
         f"iterations per side over {KEYS} keys, one thread. raw: the same two statements "
-        "tierlock sends, on the bare driver; ratio: tierlock median / raw median."
+        "tierlock sends, on the bare driver; ratio: tierlock median / raw median; bare "
+        "cursor: the lock a user would write on the bare driver, on a table of its own "
+        "(see the uncontended scenario)."
     )
     return [caption, "", *table_rows(pairs)]

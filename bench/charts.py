@@ -40,6 +40,7 @@ COLOURS = {
     "kazoo": "tab:olive",
     "filelock": "tab:cyan",
     "floor": "tab:gray",
+    "bare-cursor": "goldenrod",
     "tierlock-aio": "tab:purple",
     "redis-aio": "tab:pink",
 }

@@ -4,9 +4,11 @@ on each engine: SQLite, MariaDB, PostgreSQL, Redis, ZooKeeper and a lock directo
 
 Every implementation runs every scenario for ``--seconds``, ``--repeats`` times, the
 repeats interleaved so that noise spreads over all; the report gives the median of
-each figure and its ratio to tierlock's on the same engine. A last section times one
-uncontended acquire + release against the same two statements on the bare driver (SQL
-databases only).
+each figure and its ratio to tierlock's on the same engine. On the SQL databases the
+uncontended and spread scenarios end with tierlock's ratios to its floor there, the
+lock a user would write on a bare cursor (see :mod:`bench.bare`), and to its table
+alone. A last section times one uncontended acquire + release against the same two
+statements on the bare driver (SQL databases only).
 Beside the report, a PNG chart per scenario (see :mod:`bench.charts`) is linked from it.
 The exit status is 1 if a cell failed or a lock let two sections of a key overlap.
 
@@ -47,6 +49,7 @@ from .acquire_release import compare
 from .asyncio_cells import ASYNC_SCENARIOS, AsyncScenario, run_async_cell
 from .asyncio_report import async_section
 from .asyncio_subjects import async_implementations
+from .bare import POLL, bare_table, bare_tables
 from .charts import chart_file, draw
 from .command import (
     DATABASES,
@@ -63,13 +66,13 @@ from .command import (
 )
 from .interface import Implementation
 from .renewal import HOLDS, RENEWAL, RENEWAL_TTL, RenewalRow, renewal_section, run_renewal
-from .report import LEGEND, Row, scenario_section
+from .report import LEGEND, Row, floor_summary, scenario_section
 from .subjects import implementations
 from .workload import SCENARIOS, SECTION, Cell, CellError, Scenario, run_cell
 
 IMPLEMENTATIONS = (
-    *("tierlock", "table-only", "get-lock", "advisory", "redis", "python-redis-lock", "kazoo"),
-    *("filelock", "floor"),
+    *("tierlock", "table-only", "bare-cursor", "get-lock", "advisory", "redis"),
+    *("python-redis-lock", "kazoo", "filelock", "floor"),
     *("tierlock-aio", "redis-aio"),  # the asyncio scenarios'
 )
 ACQUIRE_RELEASE = "acquire-release"
@@ -81,10 +84,10 @@ OUTPUT = Path(__file__).resolve().parent / "results" / "results.md"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cell_parser(
         "python -m bench",
-        "tierlock next to the lock table alone, the servers' own locks, redis-py's Lock, "
-        "python-redis-lock, kazoo's Lock, filelock's FileLock and two bare round trips "
-        "(file-system calls), under the same workloads; tierlock.aio next to threads and "
-        "redis-py's asyncio Lock.",
+        "tierlock next to the lock table alone, a lock on a bare cursor, the servers' own "
+        "locks, redis-py's Lock, python-redis-lock, kazoo's Lock, filelock's FileLock and "
+        "two bare round trips (file-system calls), under the same workloads; tierlock.aio "
+        "next to threads and redis-py's asyncio Lock.",
         IMPLEMENTATIONS,
         ALL,
         ENGINES,
@@ -122,7 +125,11 @@ def header(args: argparse.Namespace, skipped: list[str], started: Started) -> li
         f"- settings: {args.seconds:g} s per cell, median of {args.repeats} interleaved "
         f"repeat(s); critical section {SECTION * 1e6:.0f} µs busy-waiting on "
         "time.perf_counter() unless the scenario says otherwise; tierlock and table-only "
-        "with the default poll_interval, renewed leases, reaper off; GET_LOCK and advisory "
+        "with the default poll_interval, renewed leases, reaper off; bare cursor (uncontended "
+        "and spread-4x4 only): INSERT IGNORE (MariaDB) or INSERT ... ON CONFLICT DO NOTHING "
+        "of a row with a lease from the server's clock, the row count checked, DELETE by key "
+        f"and owner, on a bare DBAPI connection per thread in autocommit, {POLL * 1e3:g} ms "
+        "sleep between tries; GET_LOCK and advisory "
         "locks block on the server, one connection per thread; redis-py Lock (and its "
         "asyncio Lock) blocks with its default 0.1 s sleep, python-redis-lock in BLPOP "
         "on its signal list, each thread with a client of its own; kazoo Lock watches "
@@ -159,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if isinstance(scenario, AsyncScenario)
                     else implementations(urls, args.table, run)
                 )
-                if implementation.name in chosen
+                if implementation.name in chosen and implementation.runs_in(name)
             ]
             for name, scenario in MEASURED.items()
             if name in scenarios
@@ -173,7 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not any(subjects.values()) and not urls:
             print("nothing to measure", file=sys.stderr)
             return 1
-        with lock_tables(urls.values(), args.table):
+        bare_urls = {
+            urls[implementation.database]
+            for implementations_chosen in subjects.values()
+            for implementation in implementations_chosen
+            if implementation.name == "bare-cursor" and implementation.database is not None
+        }
+        with lock_tables(urls.values(), args.table), bare_tables(bare_urls, args.table):
             rows = run_cells(args, subjects, urls, renewals)
         lines: list[str] = []
         charts = {
@@ -187,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lines += async_section(scenario, scenario_rows, list(urls), charts.get(name))
             else:
                 lines += scenario_section(scenario, scenario_rows, list(urls), charts.get(name))
+                lines += floor_summary(scenario_rows, list(urls))
         if renewals:
             lines += renewal_section(renewals, list(urls), args.renewal_holds, args.renewal_ttl)
         databases = {name: url for name, url in urls.items() if name in DATABASES}
@@ -238,9 +252,13 @@ def run_cells(
                     row.failure = str(exc)
                     print(f"{name}, {where} failed:\n{exc}", file=sys.stderr)
                     continue
+                database = implementation.database
                 if implementation.name in ("tierlock", "table-only", "tierlock-aio"):
-                    assert implementation.database is not None
-                    cell.leftover = rows_in(urls[implementation.database], args.table)
+                    assert database is not None
+                    cell.leftover = rows_in(urls[database], args.table)
+                elif implementation.name == "bare-cursor":
+                    assert database is not None
+                    cell.leftover = rows_in(urls[database], bare_table(args.table))
                 row.cells.append(cell)
                 print(
                     f"repeat {repeat + 1}/{args.repeats} {name}, {where}: "

@@ -101,11 +101,16 @@ class AsyncSubject(abc.ABC):
 class Implementation:
     """A lock implementation on one server, as a row of the report."""
 
-    # For --impl: tierlock, table-only, get-lock, advisory, redis, python-redis-lock, kazoo,
-    # filelock, floor; in the asyncio scenarios, tierlock-aio and redis-aio beside tierlock.
+    # For --impl: tierlock, table-only, bare-cursor, get-lock, advisory, redis,
+    # python-redis-lock, kazoo, filelock, floor; in the asyncio scenarios, tierlock-aio
+    # and redis-aio beside tierlock.
     name: str
     label: str  # the row's label
     database: str | None  # the engine; None: needs none, shown in every engine's table
     # Called in each worker process; an AsyncSubject, in the thread of its event loop.
     open: Callable[[], Subject | AsyncSubject]
     excludes: bool = True  # False for the floor, whose violations are expected
+    scenarios: tuple[str, ...] | None = None  # the only scenarios it runs in; None: all
+
+    def runs_in(self, scenario: str) -> bool:
+        return self.scenarios is None or scenario in self.scenarios

@@ -248,3 +248,48 @@ def scenario_section(
             table = scenario_table(chosen, columns, reference)
             lines += [f"### {DATABASE_TITLES[database]}", "", *table, ""]
     return lines
+
+
+def floor_summary(rows: Sequence[Row], databases: Sequence[str]) -> list[str]:
+    """A row per database with a bare cursor's row: tierlock's sections/s over the bare
+    cursor's and over table-only's, and each's statements per section; or nothing."""
+    if not any(row.implementation.name == "bare-cursor" for row in rows):
+        return []
+    names = ("tierlock", "bare-cursor", "table-only")
+    lines = [
+        "### tierlock next to the bare cursor and the table alone",
+        "",
+        "tierlock's sections/s over the bare cursor's (the same two statements on a bare "
+        "DBAPI connection per thread, no pool, no SQLAlchemy) and over table-only's (tierlock "
+        "with a manager per thread), medians on the same database; then statements/section.",
+        "",
+        "| database | tierlock sections/s | tierlock / bare cursor | tierlock / table-only "
+        "| statements/section: tierlock | bare cursor | table-only |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for database in databases:
+        found = {
+            row.implementation.name: row
+            for row in rows
+            if row.implementation.database == database and row.implementation.name in names
+        }
+        ours = found.get("tierlock")
+        if ours is None or "bare-cursor" not in found:
+            continue
+        ratios = [over(ours, found.get(name)) for name in names[1:]]
+        sent = [
+            figure(found[name], "per_section", None) if name in found else "-" for name in names
+        ]
+        cells = [figure(ours, "rate", None), *ratios, *sent]
+        lines.append(f"| {DATABASE_TITLES[database]} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def over(ours: Row, theirs: Row | None) -> str:
+    """``ours`` median sections/s over ``theirs``, as ``0.63x``; ``-`` without both."""
+    if theirs is None or not ours.cells or not theirs.cells:
+        return "-"
+    if ours.failure is not None or theirs.failure is not None:
+        return "-"
+    base = theirs.median("rate")
+    return f"{ours.median('rate') / base:.2f}x" if base else "-"

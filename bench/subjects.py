@@ -1,6 +1,7 @@
 """The lock implementations the harness drives through the same workload, on every
-engine given: tierlock everywhere; on the SQL databases its lock table alone and the
-peers of :mod:`bench.peers`; on Redis, ZooKeeper and a lock directory the peers of
+engine given: tierlock everywhere; on the SQL databases its lock table alone, the lock
+a user would write on a bare cursor (:mod:`bench.bare`) and the peers of
+:mod:`bench.peers`; on Redis, ZooKeeper and a lock directory the peers of
 :mod:`bench.engine_peers`. A floor of two bare round trips (on a lock directory, two
 file-system calls) runs on every engine but SQLite."""
 
@@ -12,6 +13,9 @@ from functools import partial
 
 import tierlock
 
+from .bare import LABEL as BARE_LABEL
+from .bare import SCENARIOS as BARE_SCENARIOS
+from .bare import BareCursorContender, bare_table
 from .engine_peers import (
     FILE_FLOOR_LABEL,
     REDIS_FLOOR_LABEL,
@@ -153,9 +157,18 @@ def implementations(urls: dict[str, str], table: str, run: str) -> list[Implemen
 
 
 def sql_peers(database: str, url: str, table: str, run: str) -> list[Implementation]:
-    """The lock table alone, the server's own lock and the floor of two ``SELECT 1``."""
+    """The lock table alone, the bare cursor's lock, the server's own lock and the floor
+    of two ``SELECT 1``."""
+    bare = partial(BareCursorContender, url, bare_table(table))
     found = [
-        Implementation("table-only", "table-only", database, partial(TableOnlySubject, url, table))
+        Implementation("table-only", "table-only", database, partial(TableOnlySubject, url, table)),
+        Implementation(
+            "bare-cursor",
+            BARE_LABEL,
+            database,
+            partial(ConnectionSubject, bare),
+            scenarios=BARE_SCENARIOS,
+        ),
     ]
     if database == "mariadb":
         found.append(
