@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 import tierlock
 from tierlock.backends.basics import MAX_HANDOFFS
 from tierlock.tier1.cohorts import COHORT_LIMIT
-from tierlock.tier1.tiers import CONFIRMED_WITHIN
+from tierlock.tier1.passing import CONFIRMED_WITHIN
 
 MakeManager = Callable[..., tierlock.LockManager]
 

@@ -31,7 +31,7 @@ class LockStats:
     takeovers: int = 0  #: expired rows of other holders replaced by ours
     local_handoffs: int = 0  #: holds passed to a local waiter with no statement at all
     #: holds passed to a local waiter with one UPDATE: a fixed lease, or a renewed one
-    #: last proved ours over ``tiers.CONFIRMED_WITHIN`` ago
+    #: last proved ours over ``passing.CONFIRMED_WITHIN`` ago
     handoffs: int = 0
     reclaims: int = 0  #: rows of holder processes proven gone, taken over before their lease
     releases: int = 0  #: successful ``release()`` calls, reentrant ones included

@@ -88,7 +88,7 @@ def run_workload(manager: tierlock.LockManager, other: tierlock.LockManager, key
 
     # Contention in tier 1: a thread queues behind the main one, and gets the key from
     # it once it has waited through a hold of known length: with one UPDATE, since the
-    # row was last proved ours longer ago than tiers.CONFIRMED_WITHIN.
+    # row was last proved ours longer ago than passing.CONFIRMED_WITHIN.
     contended = lock()
     assert contended.acquire()
     got: list[bool] = []

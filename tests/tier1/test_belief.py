@@ -1,7 +1,7 @@
 """A holder never believes longer than its store promises: the heartbeat survives races
 and errors, the lease clock reports a hold at the moment its lease runs out
 unconfirmed, and threads passing a key in memory notice a row taken from them within
-``tiers.CONFIRMED_WITHIN``."""
+``passing.CONFIRMED_WITHIN``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 import tierlock
 from tierlock.backends.sql.notify import channel_name
-from tierlock.tier1.tiers import CONFIRMED_WITHIN
+from tierlock.tier1.passing import CONFIRMED_WITHIN
 
 # Whether a session of the server runs (or last ran) the given LISTEN.
 LISTENING = text("SELECT count(*) FROM pg_stat_activity WHERE query = :query")

@@ -96,7 +96,8 @@ def test_a_release_nobody_was_turned_away_from_deletes_at_once(
 def test_a_kept_cohort_ends_at_its_bound(
     make_manager: MakeManager, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Other processes' tries leave no trace, so keeping stops at the bound anyway."""
+    """The mark other processes' tries leave may come late, so keeping stops at the
+    bound anyway."""
     monkeypatch.setattr(cohorts, "KEEP_TIME", procs.WAIT_LIMIT)
     monkeypatch.setattr(cohorts, "COHORT_LIMIT", 2)
     manager, other = make_manager(), make_manager()

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from ..backends import Doorbell
 from ..errors import LockError, LockLostError, NotHeldError
 from ..records import Hold
-from ..tier1.cohorts import COURTESY_PAUSE, released
-from ..tier1.tiers import FIRST_POLL, OnLost, pass_locally, passes_locally
+from ..tier1.cohorts import COURTESY_PAUSE, WANTED_FOR, released
+from ..tier1.passing import OnLost, pass_locally, passes_locally
+from ..tier1.tiers import FIRST_POLL
 from .core import Core
 from .waiters import Waiter, current_task, extend_hold, releasing_for, within
 
@@ -113,8 +114,13 @@ class Exclusive:
             entry.depth += 1
             core.counters.acquired(key, 0.0, reentrant=True)
             return True
-        if wait == 0 and (entry is not None or core.cohorts.hot(key)):
-            return False  # another task holds or asks for it, or other processes fight for it
+        if wait == 0 and (
+            (entry is not None and (not entry.releasing or entry.head() is not None))
+            or core.cohorts.hot(key)
+        ):
+            # Another task holds or asks for it, or other processes fight for it. (A
+            # hold on its way back to the database is waited out: one statement.)
+            return False
         if entry is None:
             entry = self._keys[key] = _Key()
         else:
@@ -183,8 +189,10 @@ class Exclusive:
                 missed = True
                 core.cohorts.missed(key)
                 if waiter.deadline is not None and time.monotonic() >= waiter.deadline:
-                    if not waiter.patient:
-                        core.cohorts.missed_without_waiting(key, missed_before)
+                    if not waiter.patient and core.cohorts.missed_without_waiting(
+                        key, missed_before
+                    ):
+                        await core.call(core.backend.want, key, WANTED_FOR)
                     self._expire(entry, waiter)
                     continue
                 if doorbell is None:

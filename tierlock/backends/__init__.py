@@ -138,7 +138,15 @@ class LockBackend(abc.ABC):
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         """Whether pollers in other processes wait for ``key``, which this process
-        holds (``ringing``: with a doorbell kept by its poller); ``None``: cannot tell."""
+        holds (``ringing``: with a doorbell kept by its poller), or tries without waiting
+        left their mark (``want``); ``None``: cannot tell."""
+        return None
+
+    def want(self, key: str, seconds: float) -> None:
+        """Mark ``key`` as wanted by this process for ``seconds``: a try without waiting
+        found it held elsewhere. The holder's ``others_waiting`` then says so, which ends
+        its cohort, so that a process that only tries gets its turn too. Must be quick
+        and never raise: a lost mark costs only that turn."""
         return None
 
     @abc.abstractmethod

@@ -23,7 +23,7 @@ import time
 from ..backends import LockBackend
 from ..records import Hold
 
-__all__ = ["COURTESY_PAUSE", "KEEP_TIME", "Cohorts", "released"]
+__all__ = ["COURTESY_PAUSE", "KEEP_TIME", "WANTED_FOR", "Cohorts", "released"]
 
 # A cohort of hand-offs in a row within the process ends after this many, or this many
 # seconds, when other processes may be waiting for the key; then the key goes back to
@@ -51,6 +51,10 @@ CONTENTION_MEMORY = 0.1
 # from the flash-sale runs (4 x 8 threads trying one key): with 5 ms, 0.05-0.08
 # statements per try; with 10 ms, 0.03-0.05 and as many sales; with 20 ms, no fewer.
 HOT_MEMORY = 0.01
+# A try without waiting that found its key held elsewhere marks it wanted for this long
+# (``LockBackend.want``), and again at most every half of it: longer than the pause
+# between a patient process's tries, so that the holder's cohort ends while it tries.
+WANTED_FOR = 0.1
 # A hold released while a try without waiting of this process was turned away from it
 # stays with the process this long, for the next such try, within a cohort of at most
 # COHORT_LIMIT holds or KEPT_COHORT_TIME seconds. Other processes' tries fail from
@@ -82,6 +86,7 @@ class Cohorts:
         """Start afresh (in a forked child)."""
         self._missed_at: dict[str, float] = {}  # when a try last found a key held elsewhere
         self._hot_until: dict[str, float] = {}  # until when tries without waiting fail
+        self._wanted_at: dict[str, float] = {}  # when a try last marked a key wanted
 
     # -- keys held elsewhere ---------------------------------------------------------
 
@@ -99,13 +104,20 @@ class Cohorts:
         """A try found ``key`` held elsewhere."""
         _remember(self._missed_at, key, time.monotonic())
 
-    def missed_without_waiting(self, key: str, missed_before: float | None) -> None:
+    def missed_without_waiting(self, key: str, missed_before: float | None) -> bool:
         """A try without waiting found ``key`` held elsewhere, as an earlier one did at
-        ``missed_before``: if that was lately, the next tries fail at once for a while."""
+        ``missed_before``: if that was lately, the next tries fail at once for a while.
+        Returns whether to mark the key wanted now (``LockBackend.want``, ``WANTED_FOR``),
+        for its holder to see."""
         if missed_before is not None:
             missed = self._missed_at.get(key, missed_before)
             if missed - missed_before < CONTENTION_MEMORY:
                 _remember(self._hot_until, key, missed + HOT_MEMORY)
+        now = time.monotonic()
+        if now - self._wanted_at.get(key, -WANTED_FOR) < WANTED_FOR / 2:
+            return False
+        _remember(self._wanted_at, key, now)
+        return True
 
     def won(self, key: str) -> None:
         self._hot_until.pop(key, None)

@@ -6,11 +6,12 @@ waiting, the next such try is likely a moment away: the process keeps the row, s
 renewed but held by no thread, for ``cohorts.KEEP_TIME``, and a thread of the process
 that asks for the key meanwhile gets it with no statement, a local hand-off. Keeping
 counts against the cohort's bound (``cohorts.COHORT_LIMIT`` / ``KEPT_COHORT_TIME``) whether
-other processes wait or not, since their tries without waiting leave no trace: once it
-is reached, the row goes back to the database, for them to win.
+other processes are known to wait or not (the mark a try of theirs leaves may come a
+moment late): once it is reached, the row goes back to the database, for them to win.
 
 This module's thread releases each kept row in the database once its time is up,
-unless a thread took it meanwhile (``tiers.Tiers`` hands a kept hold to a thread).
+unless a thread took it meanwhile (``tiers.Tiers`` hands a kept hold to a thread); until
+that DELETE has committed, a thread of the process that asks for the key waits for it.
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ class Keeper:
                 if self._stopped:
                     return
                 _, hold = self._kept.popleft()
+            if not self._registry.drop_kept(hold.key, hold):
+                continue  # a thread took it
             try:
-                if self._registry.drop_kept(hold.key, hold):  # (else a thread took it)
-                    self._release_row(hold)
+                self._release_row(hold)
             except Exception:
                 logger.exception("releasing the kept lock %r failed", hold.key)
+            finally:
+                self._registry.released(hold.key)  # (threads that came meanwhile go on)
 
     def _release_row(self, hold: Hold) -> None:
         """Release ``hold``'s row, which no thread holds, in the database."""

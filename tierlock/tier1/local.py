@@ -75,16 +75,20 @@ class _Entry(Generic[H]):
     """One claimed key: its reentrancy depth, backend hold and queue.
 
     A *kept* entry is claimed by no thread: its hold was released while threads of the
-    process wanted the key, and waits a moment for the next of them (see ``keep``).
+    process wanted the key, and waits a moment for the next of them (see ``keep``). A
+    *releasing* entry is claimed by no thread either: its row is on its way back to the
+    database, and a thread that claims the key meanwhile waits for that statement rather
+    than meet the row and take the key for held elsewhere (see ``released``).
     """
 
-    __slots__ = ("depth", "hold", "kept", "turned_away", "waiters")
+    __slots__ = ("depth", "hold", "kept", "releasing", "turned_away", "waiters")
 
     def __init__(self) -> None:
         self.depth = 0  # 0 while the claimant is still acquiring from the backend
         self.hold: H | None = None
         self.waiters: collections.deque[Waiter[H, Any]] = collections.deque()
         self.kept = False
+        self.releasing = False
         self.turned_away = False  # a try without waiting found it busy
 
 
@@ -130,7 +134,7 @@ class Registry(Generic[H, R]):
         before a try without waiting, which could only fail. The entry remembers that
         it turned a thread away."""
         entry = self._entries.get(key)
-        if entry is None or entry.kept:
+        if entry is None or entry.kept or entry.releasing:
             return False
         entry.turned_away = True
         return True
@@ -165,7 +169,8 @@ class Registry(Generic[H, R]):
     def claim(self, key: str, timeout: float | None, request: R) -> bool:
         """Become the one thread that may acquire ``key`` from the backend.
 
-        Waits in line up to ``timeout`` seconds (``None``: no limit, ``0``: no wait);
+        Waits in line up to ``timeout`` seconds (``None``: no limit, ``0``: no wait, but
+        for the release statement of a releasing entry, which the key is free after);
         ``request`` is what a thread handing over the claim may act on. The claim may
         arrive with a hold already made for the caller: see ``hold``. Whatever ends
         the wait (a timeout, an exception raised in it), the queue stays consistent;
@@ -192,7 +197,9 @@ class Registry(Generic[H, R]):
                     thread.claimed[key] = entry
                     return True
                 if timeout == 0:
-                    return False
+                    if not entry.releasing or entry.waiters:
+                        return False
+                    timeout = None  # (one statement's wait; the backend bounds it)
                 waiter = Waiter(thread, request)
                 entry.waiters.append(waiter)
             self._counters.add("local_waits")
@@ -256,13 +263,26 @@ class Registry(Generic[H, R]):
             return True
 
     def drop_kept(self, key: str, hold: H) -> bool:
-        """Forget ``hold``, kept for ``key``, unless a thread has claimed it meanwhile."""
+        """Start releasing ``hold``, kept for ``key``, unless a thread has claimed it
+        meanwhile; ``released`` must follow once its row is released."""
         with self._mutex:
             entry = self._entries.get(key)
             if entry is None or not entry.kept or entry.hold is not hold:
                 return False
-            del self._entries[key]
+            entry.kept, entry.hold, entry.releasing = False, None, True
             return True
+
+    def released(self, key: str) -> None:
+        """The row of releasing ``key`` left the database (or failed to): give the claim
+        to the first thread that came meanwhile, or drop the entry."""
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None or not entry.releasing:
+                return  # (closed, or forgotten in a forked child)
+            entry.releasing = entry.turned_away = False  # (as a new entry would be)
+            waiter = self._choose(key, entry)
+        if waiter is not None:
+            self.pass_on(key, waiter, None)
 
     def unclaim(self, key: str) -> None:
         """Give up the claim on ``key``: hand it to the next waiter, or drop the entry."""
@@ -270,13 +290,17 @@ class Registry(Generic[H, R]):
         if waiter is not None:
             self.pass_on(key, waiter, None)
 
-    def successor(self, key: str) -> Waiter[H, R] | None:
+    def successor(self, key: str, *, releasing: bool = False) -> Waiter[H, R] | None:
         """Give up the claim on ``key`` (held by the caller, released): choose the next
-        waiter, who must then get it with ``pass_on``, or drop the entry if none waits."""
+        waiter, who must then get it with ``pass_on``, or, if none waits, drop the entry,
+        or with ``releasing`` leave it releasing until ``released``."""
         entry = self._thread().claimed.pop(key)
         entry.hold = None
         entry.depth = 0
         with self._mutex:
+            if releasing and not entry.waiters and not self._closed:
+                entry.releasing = True
+                return None
             return self._choose(key, entry)
 
     def _choose(self, key: str, entry: _Entry[H]) -> Waiter[H, R] | None:

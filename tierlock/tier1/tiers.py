@@ -23,80 +23,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 from ..backends import Doorbell, LockBackend
 from ..errors import LockError, LockLostError, NotHeldError
 from ..records import Hold, Owner
 from ..stats import Counters
-from .cohorts import COURTESY_PAUSE, Cohorts, released
+from .cohorts import COURTESY_PAUSE, WANTED_FOR, Cohorts, released
 from .keeping import Keeper
 from .leases import Heartbeat
 from .local import Registry, Waiter
+from .passing import OnLost, Request, pass_locally, passes_locally
 
-__all__ = ["CONFIRMED_WITHIN", "FIRST_POLL", "OnLost", "Tiers", "pass_locally", "passes_locally"]
+__all__ = ["FIRST_POLL", "OnLost", "Tiers"]
 
 logger = logging.getLogger(__name__)
-
-OnLost = Callable[[str, int], None]
 
 # Pauses between two tries at a key held elsewhere start here and double, with jitter
 # so that waiting processes do not try in step, up to the manager's poll interval. A
 # poller whose doorbell wakes it in turn pauses the poll interval after every try the
 # doorbell was armed for: its ring, not the clock, says when to try again.
 FIRST_POLL = 0.002
-# A hold passes between threads in memory only within this many seconds of the last
-# statement that proved its row ours (an acquire, a renewal, a hand-off's UPDATE); after
-# that, the next hand-off sends its UPDATE, which finds a row deleted or taken over. So
-# no section begins, believing it holds the key, later than this after another process
-# took the row (by force_release or a takeover); at one UPDATE per hot key per period.
-CONFIRMED_WITHIN = 0.1
-
-
-class Request:
-    """What a waiting thread asks for, for a releasing thread to act on."""
-
-    __slots__ = ("courteous", "on_lost", "owner", "renew", "ttl")
-
-    def __init__(self, owner: Owner, ttl: float, renew: bool, on_lost: OnLost | None) -> None:
-        self.owner = owner
-        self.ttl = ttl
-        self.renew = renew
-        self.on_lost = on_lost
-        self.courteous = False  # let other processes try first
-
-
-class Asking(Protocol):
-    """What a waiter asks for, as a hand-off in memory needs it."""
-
-    owner: Owner
-    ttl: float
-    renew: bool
-    on_lost: OnLost | None
-
-
-def passes_locally(hold: Hold, request: Asking) -> bool:
-    """Whether ``hold`` may go to a waiter asking for ``request`` with no statement:
-    both renew their leases, the lease surely runs, and a statement proved the row ours
-    within ``CONFIRMED_WITHIN`` (else the hand-off's own statement proves it)."""
-    return (
-        hold.lease is not None
-        and request.renew
-        and hold.alive()
-        and time.monotonic() - hold.confirmed < CONFIRMED_WITHIN
-    )
-
-
-def pass_locally(hold: Hold, request: Asking) -> None:
-    """Make ``hold`` the successor's: one more hand-off, in memory."""
-    hold.token += 1
-    hold.handoffs += 1
-    hold.cohort += 1
-    hold.holder = request.owner
-    hold.ttl = request.ttl
-    hold.on_lost = request.on_lost
-    hold.recorded = False
 
 
 class Tiers:
@@ -185,8 +132,8 @@ class Tiers:
                 if hold is None:
                     self.backend.discard(key, owner_id, certain=False)
                     registry.unclaim(key)
-                    if wait == 0:
-                        self.cohorts.missed_without_waiting(key, missed_before)
+                    if wait == 0 and self.cohorts.missed_without_waiting(key, missed_before):
+                        self.backend.want(key, WANTED_FOR)
                     return False
                 self.cohorts.won(key)
                 registry.settle(key, hold)
@@ -293,6 +240,8 @@ class Tiers:
                 missed = True
                 self.cohorts.missed(key)
                 self.check_open(key)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None  # (a try without waiting needs no doorbell)
                 if doorbell is None:
                     doorbell = backend.doorbell(key)
                 elif doorbell.wakes_in_turn:
@@ -322,7 +271,8 @@ class Tiers:
         if registry.turned_away(key) and self.cohorts.may_keep(hold) and self.keeper.keep(hold):
             return
         while True:
-            successor = registry.successor(key)
+            # (with none, the entry stays until the row is gone: see Registry.released)
+            successor = registry.successor(key, releasing=True)
             cohort = successor is not None and not hold.lost and self.cohorts.goes_on(hold)
             if cohort and successor is not None and passes_locally(hold, successor.request):
                 pass_locally(hold, successor.request)
@@ -346,7 +296,7 @@ class Tiers:
                 raise
             finally:
                 # Waking the successor comes first and cannot raise; ringing can.
-                passed = successor is None or registry.pass_on(key, successor, handed)
+                passed = self._pass_claim(key, successor, handed)
                 if handed is None and hold.ring is not None:
                     hold.ring()  # the row left this process: wake pollers elsewhere
             if passed:
@@ -356,6 +306,17 @@ class Tiers:
             hold = handed
         if not released:
             self._lost(hold, "its release")
+
+    def _pass_claim(
+        self, key: str, successor: Waiter[Hold, Request] | None, handed: Hold | None
+    ) -> bool:
+        """Wake ``successor`` with the claim and ``handed``, if made for it (``False``:
+        it left, and ``handed`` comes back); with no successor, end the release in tier 1,
+        which wakes a thread that came meanwhile."""
+        if successor is None:
+            self.registry.released(key)
+            return True
+        return self.registry.pass_on(key, successor, handed)
 
     def _give_back(self, hold: Hold, successor: Waiter[Hold, Request] | None) -> bool:
         """Release ``hold`` in the database; ``False`` if its row was gone. The next
