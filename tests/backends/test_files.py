@@ -29,8 +29,9 @@ from polling import wait_until
 
 import tierlock
 from tierlock.backends.basics import Record
+from tierlock.backends.files import wanting
 from tierlock.backends.files.holdfile import CREATE_GRACE, PROVISIONAL, Stored
-from tierlock.backends.files.names import COUNTER, HOLD, PLAIN_NAME_LIMIT, key_name
+from tierlock.backends.files.names import COUNTER, HOLD, PLAIN_NAME_LIMIT, WAITING, key_name
 from tierlock.backends.files.reaping import COUNTER_LIFE
 from tierlock.keys import MAX_KEY_LENGTH
 from tierlock.records import Owner
@@ -363,18 +364,37 @@ def test_a_release_on_this_host_rings_a_waiting_pollers_doorbell(
     assert "tierlock-watcher" not in {thread.name for thread in threading.enumerate()}
 
 
-def test_a_holder_learns_that_a_poller_elsewhere_wants_its_key(
-    make_file_managers: MakeManager,
+def test_a_holder_learns_that_a_try_elsewhere_wants_its_key(
+    make_file_managers: MakeManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A lost try marks the key as wanted; the holder's next look says so once, and
-    nothing when nobody tried since: a hold then passes on within its process."""
+    """A lost try marks the key as wanted; the holder's look takes the mark away and
+    says so for ``WANTED_MEMORY`` (tier 1 asks again as the cohort ends), then nothing
+    when nobody tried since: a hold then passes on within its process."""
+    monkeypatch.setattr(wanting, "WANTED_MEMORY", 1.0)  # (outlasts a loaded machine's pause)
     holder, waiter = make_file_managers(), make_file_managers()
     backend = holder._backend
     with holder.lock("wanted"):
         assert backend.others_waiting("wanted", False) is False
         assert not waiter.lock("wanted").acquire(blocking=False)
         assert backend.others_waiting("wanted", False) is True
-        assert backend.others_waiting("wanted", False) is False
+        assert backend.others_waiting("wanted", False) is True
+        wait_until(lambda: backend.others_waiting("wanted", False) is False, "the memory to end")
+
+
+def test_want_marks_a_key_for_its_holder(
+    make_file_managers: MakeManager, root: Path, table: str
+) -> None:
+    """``want`` leaves the mark a lost try leaves, even after the holder took that away."""
+    holder, trier = make_file_managers(), make_file_managers()
+    mark = root / table / (key_name("wanted") + WAITING)
+    with holder.lock("wanted"):
+        assert not trier.lock("wanted").acquire(blocking=False)
+        assert holder._backend.others_waiting("wanted", False) is True
+        assert not mark.exists()
+        trier._backend.want("wanted", 0.1)
+        assert mark.exists()
+        wait_until(lambda: holder._backend.others_waiting("wanted", False) is True, "a look")
+        assert not mark.exists()
 
 
 # -- keys and names --------------------------------------------------------------------

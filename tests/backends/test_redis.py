@@ -1,6 +1,6 @@
 """What only the Redis engine shows: tokens across server restarts, passwords and TLS,
 a lost connection, awkward keys and cluster slots, fork safety, one
-round trip per heartbeat, wake-ups, and a private Redis Cluster.
+round trip per heartbeat, wake-ups, marks of lost tries, and a private Redis Cluster.
 
 Most tests use the shared server; those that restart one, set a password, speak TLS or
 form a cluster start private ``redis-server`` processes (``redis_servers``).
@@ -31,6 +31,8 @@ from servers import ServerUnavailable
 
 import tierlock
 from tierlock.backends.basics import HANDOFF_BITS
+from tierlock.backends.redis import wanting
+from tierlock.backends.redis.backend import RedisBackend
 from tierlock.backends.redis.layout import names
 from tierlock.backends.redis.scripts import ACQUIRE, RELEASE
 from tierlock.urls import ENGINE_SCHEMES
@@ -539,6 +541,44 @@ def test_release_wakes_a_poller_elsewhere(make_locks: MakeLocks, key: str) -> No
     assert took and took[0] - released_at < 0.2
 
 
+def test_a_lost_try_without_waiting_tells_the_holder_until_its_mark_ends(
+    make_locks: MakeLocks, table: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try without waiting leaves no listener on the key's channel, but the command
+    that lost marks the key wanted: the holder's census says so until the mark ends,
+    then that nobody waits."""
+    monkeypatch.setattr(wanting, "MARK_LIFE", 1.0)  # (outlasts a loaded machine's pause)
+    holder, trier = make_locks(), make_locks()
+    census = holder._backend
+    assert holder.lock(key).acquire()
+    assert census.others_waiting(key, False) is False
+    assert not trier.lock(key).acquire(blocking=False)
+    mark = names(table, key).want
+    with redis.Redis.from_url(SHARED_URL, decode_responses=True) as client:
+        tried = trier._backend
+        assert isinstance(tried, RedisBackend)
+        assert client.get(mark) == tried._wanting.tag  # (written by the try)
+        assert census.others_waiting(key, False) is True
+        wait_until(lambda: census.others_waiting(key, False) is False, "the mark to end")
+        assert not client.exists(mark)
+
+
+def test_want_marks_a_key_but_not_for_the_holder_itself(make_locks: MakeLocks, key: str) -> None:
+    """``want`` marks the key for the time asked (a SET), unless a mark of the backend
+    lasts as long already; the holder's own mark (left before it won) does not count."""
+    holder, other = make_locks(), make_locks()
+    census = holder._backend
+    census.want(key, 2.0)
+    assert holder.lock(key).acquire()
+    assert census.others_waiting(key, False) is False
+    before = other.stats().statements
+    other._backend.want(key, 2.0)
+    other._backend.want(key, 0.1)  # (within the mark's time: nothing to send)
+    assert other.stats().statements == before + 1
+    assert census.others_waiting(key, False) is True
+    wait_until(lambda: census.others_waiting(key, False) is False, "the mark to end")
+
+
 # -- cluster ---------------------------------------------------------------------------------
 
 
@@ -570,6 +610,12 @@ def test_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             assert all(lock.owned() for lock in held)
             assert [info.key for info in second.holders()] == sorted(keys)
             assert not second.lock(keys[0]).acquire(blocking=False)
+            # No node counts the listeners of the others: the mark of the lost try tells
+            # who waits, until it ends.
+            monkeypatch.setattr(wanting, "MARK_LIFE", 1.0)
+            assert not second.lock(keys[1]).acquire(blocking=False)
+            assert first._backend.others_waiting(keys[1], False) is True
+            wait_until(lambda: first._backend.others_waiting(keys[1], False) is None, "its end")
             took: list[int | None] = []
 
             def wait_for_first_key() -> None:

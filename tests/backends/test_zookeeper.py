@@ -1,7 +1,7 @@
 """What only the ZooKeeper engine shows: the session as the lease of renewed holds,
 fixed leases by the server's clock, dead and stopped holders, tokens across a server
-restart, wake-ups, URLs with several hosts, a chroot or credentials, and keys
-that are no node names.
+restart, wake-ups and marks of who waits, URLs with several hosts, a chroot or
+credentials, and keys that are no node names.
 
 On real servers: the shared one at 127.0.0.1:2181, and a private one (``zk_servers``)
 for the restart.
@@ -440,6 +440,29 @@ def test_a_hot_key_stays_in_its_process_until_another_process_wants_it(
         stop.set()
         for thread in threads:
             thread.join(procs.WAIT_LIMIT)
+
+
+def test_want_marks_a_key_for_its_time(
+    make_manager: MakeManager, key: str, zk: KazooClient, namespace: str
+) -> None:
+    """A try without waiting leaves no poller behind: ``want`` marks the key as a poller
+    would, the holder learns it, and the mark goes once its time is up."""
+    holder, trier = make_manager(), make_manager()
+    census = holder._backend
+    assert holder.lock(key).acquire()
+    trier._backend.want(key, 2.0)  # (a loaded machine's holder sees it within that)
+    wait_until(lambda: census.others_waiting(key, False) is True, "the holder to see it")
+    wait_until(lambda: census.others_waiting(key, False) is False, "the mark to go")
+    queue = Paths(CHROOT, namespace).queue(key)
+    wait_until(lambda: not _children(zk, queue), "the mark's node to go")
+
+
+def _children(zk: KazooClient, path: str) -> list[str]:
+    try:
+        children: list[str] = zk.get_children(path)
+    except NoNodeError:
+        return []
+    return children
 
 
 def test_a_url_of_several_hosts_and_a_chroot(zk: KazooClient) -> None:

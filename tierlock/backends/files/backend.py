@@ -17,12 +17,14 @@ NFS, CephFS or the like for hosts that share nothing else. The files and their g
   stamp, so the lease runs from its clock.
 
 Waiting pollers try again with backoff; on this host, a release wakes them at once
-where inotify can see it (``wakeups``). Operations are system calls; on a hung network
+where inotify can see it (``wakeups``). A lost try marks its key wanted, for the
+holder to see (``wanting``). Operations are system calls; on a hung network
 mount they hang with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -37,9 +39,10 @@ from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
 from ..gate import Gate
 from .holdfile import PROVISIONAL, Directory, GuardBusy, Seen, Stored, milliseconds, span_of
-from .names import COUNTER, HOLD, WAITING, key_name, parse_url
+from .names import COUNTER, HOLD, key_name, parse_url
 from .reaping import reap_ended
 from .wakeups import WakeUps
+from .wanting import Wanting
 
 __all__ = ["FileBackend"]
 
@@ -66,6 +69,7 @@ class FileBackend(LockBackend):
         self._closing = threading.Event()
         self._doubts: set[str] = set()  # owner ids whose acquire left its file behind
         self._wakeups = WakeUps(root, self._closing)
+        self._wanting = Wanting(self._files)
         self._run("open", None, lambda: self._open(root, create_table))
 
     def _open(self, root: str, create_table: bool) -> None:
@@ -108,7 +112,7 @@ class FileBackend(LockBackend):
             except GuardBusy:
                 if limit is None:
                     raise
-                self.counters.add("insert_conflicts")
+                self._held_elsewhere(key)
                 return None  # (the try's time is up)
 
         return self._run("acquire", key, attempt)
@@ -129,7 +133,7 @@ class FileBackend(LockBackend):
                     with files.guard(counter) as guard:
                         status = files.still_at(hold, fd)
                         if status is None:  # (taken over meanwhile)
-                            self.counters.add("insert_conflicts")
+                            self._held_elsewhere(key)
                             return None
                         return self._fill(key, owner, ttl, lease, fd, guard, status)
                 except BaseException:
@@ -137,10 +141,14 @@ class FileBackend(LockBackend):
                     raise
         seen = files.peek(hold)
         if seen is not None and not self._ended(seen, files.now()):
-            self.counters.add("insert_conflicts")
-            files.mark(files.path(key_name(key) + WAITING))  # (see ``others_waiting``)
+            self._held_elsewhere(key)
             return None
         return self._take_over(key, owner, ttl, lease, seen, limit)
+
+    def _held_elsewhere(self, key: str) -> None:
+        """A try lost ``key``: count it, and mark the key wanted for its holder."""
+        self.counters.add("insert_conflicts")
+        self._wanting.mark(key)
 
     def _ended(self, seen: Seen, now: int) -> bool:
         """Whether a hold seen in its file may be taken over: its lease has ended, or its
@@ -169,16 +177,16 @@ class FileBackend(LockBackend):
             current = files.peek(hold)
             if current is not None:
                 if seen is None or current.inode != seen.inode:
-                    self.counters.add("insert_conflicts")
+                    self._held_elsewhere(key)
                     return None  # a new hold: the next try looks at it
                 if current != seen and not self._ended(current, files.now()):
-                    self.counters.add("insert_conflicts")
+                    self._held_elsewhere(key)
                     return None  # renewed or extended meanwhile
                 files.remove(hold)
                 self._tell_takeover(key, current)
             with files.created(hold) as fd:
                 if fd is None:  # a new holder created it meanwhile (creating takes no guard)
-                    self.counters.add("insert_conflicts")
+                    self._held_elsewhere(key)
                     return None
                 self.counters.add("statements")  # (the fstat)
                 return self._fill(key, owner, ttl, lease, fd, guard, os.fstat(fd))
@@ -369,15 +377,17 @@ class FileBackend(LockBackend):
     # -- life --------------------------------------------------------------------------
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
-        """Whether a poller found ``key`` held since the last call: a poller marks each
-        try it lost, and this takes the mark away."""
-        if self._gate.shut:
-            return None
-        waiting = self._files.path(key_name(key) + WAITING)
+        """Whether a try of another process lost ``key`` lately: see ``wanting``."""
         try:
-            return self._run("others_waiting", key, lambda: self._files.remove(waiting))
-        except LockError:
+            return self._run("others_waiting", key, lambda: self._wanting.others_waiting(key))
+        except LockError:  # (closed, or the directory failed: the next cohort asks again)
             return None
+
+    def want(self, key: str, seconds: float) -> None:
+        """Mark ``key`` as a lost try does (it has, unless the holder took the mark
+        away since): the holder counts it for ``wanting.WANTED_MEMORY``."""
+        with contextlib.suppress(LockError):  # (closed)
+            self._run("want", key, lambda: self._wanting.mark(key))
 
     def doorbell(self, key: str) -> Doorbell:
         return self._wakeups.doorbell(key_name(key) + HOLD)
@@ -387,6 +397,7 @@ class FileBackend(LockBackend):
         self._closing = threading.Event()
         self._doubts = set()
         self._wakeups.forget(self._closing)
+        self._wanting.forget()
 
     def close(self) -> None:
         if self._gate.shut:

@@ -1,7 +1,8 @@
 """The Redis backend: a hold is a key with an expiry, written only by Lua scripts that
 compare owner ids. Where things live: ``layout``; the scripts: ``scripts``; failures
 and retries: ``running``; many renewals at once: ``renewal`` (on a cluster, node by
-node: ``cluster``); wake-ups: ``wakeups``; abandoned holds: ``sweeping``.
+node: ``cluster``); wake-ups: ``wakeups``; who else wants a key: ``wanting``;
+abandoned holds: ``sweeping``.
 
 Leases run on the server's clock: a record's expiry (PX) is its lease, so Redis removes
 an expired hold by itself. ``reap()`` therefore has nothing to do, and ``info()`` and
@@ -26,9 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from ... import process
+from ...errors import LockError
 from ...records import LockInfo, Owner
 from ...stats import Counters
 from ...urls import hide_password
@@ -41,6 +43,7 @@ from .running import CLUSTER_SCHEMES, Runner, open_client
 from .scripts import ACQUIRE, EXTEND, FORCE_RELEASE, PASS, PEEK, RELEASE, Script, Scripts
 from .sweeping import Sweeper
 from .wakeups import WakeUps
+from .wanting import Wanting
 
 __all__ = ["RedisBackend"]
 
@@ -74,11 +77,8 @@ class RedisBackend(LockBackend):
         # One try, as an SQL engine's first connection: a wrong address or password is
         # told at once.
         self._client: Any = self._run("connect", None, lambda _: self._connect(), retry=False)
-        # A cluster node passes a PUBLISH on to every node, but counts only the
-        # listeners connected to it: who waits elsewhere is not known there.
-        self._wakeups = WakeUps(
-            self._listening_connection, None if self._cluster else self._count_subscribers
-        )
+        self._wakeups = WakeUps(self._listening_connection)
+        self._wanting = Wanting(self._scripts, counters, self._wakeups, cluster=self._cluster)
         self._sweeper = Sweeper(self._delete_owned, give_up_after=timeout)
         self._renewal = (
             ClusterRenewal(
@@ -123,20 +123,23 @@ class RedisBackend(LockBackend):
         limit: float | None = None,
     ) -> int | None:
         where = names(self.table, key)
-        keys = (where.record, where.counter)
+        keys = (where.record, where.counter, where.want)
         head, tail = record_halves(Record.of(owner, 0, lease))
+        marking = self._wanting.acquire_args()
         owner_id = owner.owner_id
-        args = [owner_id, milliseconds(ttl), head, tail, "", COUNTER_LIFE]
+        args = [owner_id, milliseconds(ttl), head, tail, "", COUNTER_LIFE, *marking]
 
         def attempt(uncertain: bool) -> int | None:
+            sent = time.monotonic()
             outcome, detail = self._call(ACQUIRE, keys, args)
             if outcome == "held":
+                self._wanting.lost(where, sent)
                 holder = Stored.parse(detail).record
                 if not process.is_gone(holder.host_id, holder.pid, holder.proc_start):
                     self.counters.add("insert_conflicts")
                     return None
                 # Its holder process is gone: take it if nobody changed it since.
-                outcome, detail = self._call(ACQUIRE, keys, [*args[:4], detail, COUNTER_LIFE])
+                outcome, detail = self._call(ACQUIRE, keys, [*args[:4], detail, *args[5:]])
                 if outcome == "held":
                     self.counters.add("insert_conflicts")
                     return None
@@ -323,18 +326,32 @@ class RedisBackend(LockBackend):
         return self._wakeups.doorbell(names(self.table, key).channel)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
-        if self.closed:
-            return None
+        """Listeners on the key's channel, or the mark of a lost try: see ``wanting``."""
+        where = names(self.table, key)
         try:
-            return self._wakeups.others_waiting(names(self.table, key).channel)
-        except RedisError as exc:
-            logger.debug("counting the pollers of %r failed: %s", key, exc)
+            return self._run(
+                "others_waiting",
+                key,
+                lambda _: self._wanting.others_waiting(self._client, where),
+                retry=False,
+            )
+        except LockError as exc:  # (closed, or out of reach: the next cohort asks again)
+            logger.debug("counting who waits for %r failed: %s", key, exc)
             return None
 
-    def _count_subscribers(self, channel: str) -> int:
-        self.counters.add("statements")
-        counts = self._client.pubsub_numsub(channel)
-        return int(counts[0][1]) if counts else 0
+    def want(self, key: str, seconds: float) -> None:
+        """The lost try before this call has marked the key already, for longer than
+        tier 1 asks (see ``wanting``): only a mark asked for longer costs a SET."""
+        where = names(self.table, key)
+        try:
+            self._run(
+                "want",
+                key,
+                lambda _: self._wanting.want(self._client, where, seconds),
+                retry=False,
+            )
+        except LockError as exc:  # (a lost mark costs only a turn)
+            logger.debug("marking %r wanted failed: %s", key, exc)
 
     def _listening_connection(self) -> Any:
         """A new connection like the pool's, outside it, for the wake-ups."""
@@ -356,6 +373,7 @@ class RedisBackend(LockBackend):
             self._renewal.forget()
         self._sweeper.forget()  # the parent sweeps its own holds
         self._wakeups.forget()
+        self._wanting.forget()
 
     def close(self) -> None:
         if self.closed:

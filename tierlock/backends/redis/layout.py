@@ -3,8 +3,9 @@
 A user's key ``K`` is stored under ``<table>:{K'}``, where ``K'`` is ``K`` with ``%``
 written ``%25`` and ``}`` written ``%7D``: distinct keys stay distinct, and the braces
 are a Redis Cluster hash tag that covers all of ``K'``, so that the hold's record, its
-token counter ``<table>:{K'}:token`` and its channel of wake-ups all fall in one slot
-(one Lua script may touch them together). Every key of a namespace begins with
+token counter ``<table>:{K'}:token``, the mark ``<table>:{K'}:want`` that a lost try
+leaves (see ``RedisBackend.others_waiting``) and its channel of wake-ups all fall in one
+slot (one Lua script may touch them together). Every key of a namespace begins with
 ``<table>:``.
 
 A record's value is ``<owner id>\\n<number>\\n<Record JSON>``: the owner id first, so
@@ -46,17 +47,19 @@ class Names(NamedTuple):
 
     record: str
     counter: str
+    want: str
     channel: str
 
 
 def names(table: str, key: str) -> Names:
     record = f"{table}:{{{_ESCAPED.sub(lambda found: _ESCAPES[found[0]], key)}}}"
     # The channel shares the record's name: channels and keys never meet.
-    return Names(record, f"{record}:token", record)
+    return Names(record, f"{record}:token", f"{record}:want", record)
 
 
 def scan_pattern(table: str) -> str:
-    """A SCAN pattern for the records of a namespace (counters end in ``:token``)."""
+    """A SCAN pattern for the records of a namespace (counters and marks end in
+    ``:token`` and ``:want``)."""
     return f"{table}:{{*}}"
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "PEEK",
     "RELEASE",
     "RENEW",
+    "WANTED",
     "Script",
     "Scripts",
 ]
@@ -63,18 +64,21 @@ class Script:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
 
-# KEYS: record, counter. ARGV: owner id, ttl ms, record head, record tail, the value of
-# a holder proven gone ("" if none), the counter's life in ms.
+# KEYS: record, counter, mark. ARGV: owner id, ttl ms, record head, record tail, the
+# value of a holder proven gone ("" if none), the counter's life in ms, the trying
+# backend's tag, the mark's life in ms.
 # {"won", number}: taken for the owner with a number above every earlier one of the key:
 # one more than the key's counter, or the server's clock in ticks of 100 microseconds
 # if that is higher, so that numbers rise across restarts even when the counter was
 # lost (see ``RedisBackend``).
 # {"ours", number}: the owner holds it already (an earlier try's reply was lost).
-# {"held", value}: someone else holds it.
+# {"held", value}: someone else holds it; the mark now names the trying backend, and
+# tells the holder for the mark's life that the key is wanted (see WANTED).
 ACQUIRE = Script("""
 local value = redis.call("GET", KEYS[1])
 if value and value ~= ARGV[5] then
   if owned(value, ARGV[1]) then return {"ours", number_of(value)} end
+  redis.call("SET", KEYS[3], ARGV[7], "PX", ARGV[8])
   return {"held", value}
 end
 local clock = redis.call("TIME")
@@ -147,6 +151,16 @@ for i = 1, #KEYS do
   end
 end
 return renewed
+""")
+
+# KEYS: mark. ARGV: the asking backend's tag, the key's channel ("": not asked).
+# {1 if the mark names another backend (else 0), the channel's subscribers (-1: not
+# asked)}: one round trip tells a holder of both ways in which others want the key.
+WANTED = Script("""
+local marked = redis.call("GET", KEYS[1])
+local wanted = (marked and marked ~= ARGV[1]) and 1 or 0
+if ARGV[2] == "" then return {wanted, -1} end
+return {wanted, redis.call("PUBSUB", "NUMSUB", ARGV[2])[2]}
 """)
 
 # KEYS: record. {value, ms to expiry, server seconds, microseconds}, or nil if free.

@@ -33,14 +33,9 @@ LISTEN_SLICE = 1.0
 class WakeUps:
     """The doorbells of one backend, and the connection that rings them."""
 
-    def __init__(
-        self, connect: Callable[[], Any], count_subscribers: Callable[[str], int] | None
-    ) -> None:
-        """``connect``: a new connection, not yet connected, outside any pool;
-        ``count_subscribers(channel)``: how many connections, anywhere, listen on
-        ``channel`` (``None``: the server cannot tell, as a cluster node cannot)."""
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        """``connect``: a new connection, not yet connected, outside any pool."""
         self._connect = connect
-        self._count_subscribers = count_subscribers
         self.forget()
 
     def forget(self) -> None:
@@ -66,12 +61,9 @@ class WakeUps:
                 self._thread.start()
         return EventBell(event, self._stopped, lambda: self._leave(channel, event))
 
-    def others_waiting(self, channel: str) -> bool | None:
-        """Whether a connection other than this backend's listens on ``channel``."""
-        if self._count_subscribers is None:
-            return None
-        ours = 1 if channel in self._bells and self._connection is not None else 0
-        return self._count_subscribers(channel) > ours
+    def listening(self, channel: str) -> int:
+        """How many of the server's subscribers of ``channel`` are this backend's."""
+        return 1 if channel in self._bells and self._connection is not None else 0
 
     def close(self) -> None:
         """Stop the reading thread and send every poller away (they try once more,

@@ -384,6 +384,9 @@ class ZooKeeperBackend(LockBackend):
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._waiting.others_waiting(key)
 
+    def want(self, key: str, seconds: float) -> None:
+        self._waiting.want(key, seconds)
+
     # -- the backend's life --------------------------------------------------------------
 
     def after_fork(self) -> None:

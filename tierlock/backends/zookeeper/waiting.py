@@ -11,9 +11,10 @@ A process that wants a key marks it with an EPHEMERAL_SEQUENTIAL node
 ``<chroot>/T/#waiting/<encoded key>/<tag>-<sequence>`` from its poller's first miss
 until ``LINGER`` seconds after its last poller stopped: long enough to span the turns of
 a hot key, so that a process taking turns on it writes the mark once rather than at
-every turn. ``others_waiting`` answers from those marks, kept with a watch, so that the
-hand-offs of a hot key inside a process ask the server only when another process begins
-or stops wanting it.
+every turn. A try without waiting that found the key held marks it so too, for the
+time ``want`` is told. ``others_waiting`` answers from those marks, kept with a watch,
+so that the hand-offs of a hot key inside a process ask the server only when another
+process begins or stops wanting it.
 """
 
 from __future__ import annotations
@@ -144,8 +145,20 @@ class Waiting:
                 makepath=True,
             )
 
-    def unmark(self, key: str) -> None:
-        """A poller of ``key`` stops: remove the mark once no other began for a while."""
+    def want(self, key: str, seconds: float) -> None:
+        """Mark ``key`` as a poller that stops at once would, for ``seconds`` (or for
+        as long as a poller's mark lingers, if one marks it too). The request is sent,
+        not waited for; a failure is only logged, for it costs only a turn."""
+        try:
+            self._mark(key)
+        except Exception as exc:
+            logger.debug("marking %r wanted failed: %s", key, exc)
+        finally:
+            self.unmark(key, seconds)
+
+    def unmark(self, key: str, linger: float = LINGER) -> None:
+        """A poller of ``key`` stops: remove the mark once no other began for
+        ``linger`` seconds (and none that lingers longer stopped meanwhile)."""
         with self._mutex:
             mark = self._marks.get(key)
             if mark is None:
@@ -153,14 +166,14 @@ class Waiting:
             mark.pollers -= 1
             if mark.pollers:
                 return
-            mark.left = time.monotonic()
-        self.later(lambda: self._expire(key, mark), LINGER)
+            mark.until = max(mark.until, time.monotonic() + linger)
+        self.later(lambda: self._expire(key, mark), linger)
 
     def _expire(self, key: str, mark: _Mark) -> bool:
         with self._mutex:
             if mark.pollers or self._marks.get(key) is not mark:
                 return True  # (a poller began again)
-            if time.monotonic() - mark.left < LINGER:
+            if time.monotonic() < mark.until:
                 return True  # (one that began and stopped since expires it later)
             del self._marks[key]
         if mark.request is None or mark.session != self.session.session_id:
@@ -230,13 +243,13 @@ class _Mark:
     """This backend's mark of one key: how many of its pollers want the key, and the
     request that made the mark, in which session."""
 
-    __slots__ = ("left", "pollers", "request", "session")
+    __slots__ = ("pollers", "request", "session", "until")
 
     def __init__(self) -> None:
         self.pollers = 0
         self.request: Any = None
         self.session: int | None = None
-        self.left = 0.0  # when the last poller stopped (time.monotonic())
+        self.until = 0.0  # when it may go, with no poller left (time.monotonic())
 
 
 class _Queue:
