@@ -67,7 +67,7 @@ class Heartbeat:
     def __init__(self, backend: LockBackend, counters: Counters, idle_period: float) -> None:
         self._backend = backend
         self._counters = counters
-        self._idle_period = idle_period  # how long the heartbeat sleeps with nothing to renew
+        self._idle_period = idle_period  # the manager's ttl / 3; idle, the threads wake so often
         self.forget()
 
     def forget(self) -> None:
@@ -97,7 +97,9 @@ class Heartbeat:
                 hold.promise = self._backend.promise
             self._watched[owner_id] = hold
             self._clock = self._started(self._clock, self._keep_time, "tierlock-lease-clock")
-            if hold.live_until < self._lapse_at:
+            # (An idle clock or heartbeat wakes before a new hold of the manager's ttl
+            # needs it, so an acquire wakes neither, which cost a thread switch each.)
+            if min(hold.live_until, hold.promise.until) < self._lapse_at:
                 self._lapse_due.notify()
             if hold.lease is None:
                 self._renewed.pop(owner_id, None)
@@ -237,8 +239,10 @@ class Heartbeat:
             if self._callbacks or (lapse is not None and lapse <= now):
                 self._lapse_at = float("inf")
                 return [hold for hold in self._watched.values() if not hold.alive()]
-            self._lapse_at = float("inf") if lapse is None else lapse
-            self._lapse_due.wait(None if lapse is None else lapse - now)
+            if lapse is None:  # (a hold of the manager's ttl, taken from now on, lapses later)
+                lapse = now + self._idle_period
+            self._lapse_at = lapse
+            self._lapse_due.wait(lapse - now)
         return None
 
     def _call_on_lost(self, hold: Hold) -> None:
@@ -262,7 +266,8 @@ class Heartbeat:
                 while not self._stopped:
                     now = time.monotonic()
                     renewed = self._renewed.values()
-                    due = min(map(self._due, renewed), default=now + self._idle_period)
+                    # (idle: a hold of the manager's ttl, taken from now on, is due later)
+                    due = min(map(self._due, renewed), default=now + self._idle_period / 2)
                     if due <= now or self._beat_now:
                         break
                     self._beat_at = due
