@@ -277,3 +277,46 @@ def test_a_fifo_made_after_a_kept_listing_is_found(database: str) -> None:
     assert not releasing.waiting(key)
     for bells in (releasing, polling):
         bells.close()
+
+
+# -- want marks: a try without waiting leaves no FIFO ---------------------------------
+
+
+def _mark(*, database: str, key: str) -> None:
+    _bells(database).want(key, LONG_PAUSE)  # (not closed: a process that just exits)
+
+
+def test_a_want_mark_shows_to_other_processes_and_goes_with_its_manager(
+    database: str, children: procs.Children
+) -> None:
+    """A mark written by another process shows in ``waiting``; one's own does not, and
+    ``close`` removes it. A mark is never taken for a FIFO to ring."""
+    key = f"key:{uuid.uuid4().hex}"
+    children.start(_mark, database=database, key=key)
+    children.join()
+    holding, marking = _bells(database), _bells(database)
+    assert holding.waiting(key)  # the child's
+    assert not holding.notify(key)  # nobody polls
+    marking.want(key, LONG_PAUSE)  # overwrites the child's: the key stays wanted
+    assert holding.waiting(key)
+    assert not marking.waiting(key)  # its own
+    marking.close()
+    assert not holding.waiting(key)
+    assert _fifos(database) == []
+    holding.close()
+
+
+def test_a_mark_long_past_goes_and_one_too_far_ahead_is_ignored(database: str) -> None:
+    """A mark that ended long ago is removed by its reader; one that would end an hour
+    from now was written before the host last booted (the monotonic clock began
+    again), and says nothing."""
+    key = f"key:{uuid.uuid4().hex}"
+    holding, marking = _bells(database), _bells(database)
+    marking.want(key, -2.0)  # ended two seconds ago
+    assert _fifos(database) != []
+    assert not holding.waiting(key)
+    assert _fifos(database) == []
+    marking.want(key, 3600.0)
+    assert not holding.waiting(key)
+    for bells in (holding, marking):
+        bells.close()

@@ -394,6 +394,9 @@ class SQLBackend(LockBackend):
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)
 
+    def want(self, key: str, seconds: float) -> None:
+        self._wakeups.want(key, seconds)
+
     def after_fork(self) -> None:
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
         self._base_engine.dispose(close=False)

@@ -12,6 +12,13 @@ time: a poller still tries again after each pause, so a lost one costs one pause
 A FIFO is renamed into place only once its reader is open, and removed before its
 reader is closed, so a writer that finds no reader (``ENXIO``) has met the FIFO of a
 process that died, and removes it.
+
+A try without waiting leaves no FIFO, so a process that only tries marks the key
+instead (``want``): it writes, into ``want.<digest>`` in the same directory, until when
+(``time.monotonic_ns()``, one clock for the host, as the FIFOs' names use) and which
+process marked it. The holder's ``waiting`` reads it: one ``open`` that fails while
+nobody ever tried. The file is rewritten in place, so the directory's listing stays
+valid; a mark long past is removed by whoever reads it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,18 @@ logger = logging.getLogger(__name__)
 
 DIRECTORY_MODE = 0o700
 FIFO_MODE = 0o600
+MARK_MODE = 0o600
+# What a want mark's file name begins with: never a digest's first character, so a
+# mark is never taken for a FIFO.
+WANT_PREFIX = "want."
+# A mark that ended this long ago (nanoseconds) is removed by its reader: whoever still
+# tries has marked again long since.
+STALE_MARK = 1_000_000_000
+# How many of its marks' paths a manager keeps, to remove them when it closes.
+MOST_MARKS_KEPT = 1024
+# A mark that ends further ahead than this (nanoseconds) was left before the host last
+# booted (the monotonic clock began again): it is ignored.
+MOST_AHEAD = 60_000_000_000
 # How old, in nanoseconds, a directory's mtime must be for a listing of it to be kept:
 # well past the kernel's clock tick (1-10 ms), so that any later change moves the mtime.
 SETTLED = 50_000_000
@@ -74,7 +93,8 @@ class _Fifo:
 
 class FifoBells:
     """The FIFOs of one manager's table: ``doorbell`` for its pollers, ``notify`` once a
-    row left, ``waiting`` for whether other processes poll a key."""
+    row left, ``want`` for its tries, ``waiting`` for whether other processes poll or
+    try a key."""
 
     @classmethod
     def for_url(cls, url: URL, table: str, counters: Counters) -> FifoBells | None:
@@ -104,6 +124,8 @@ class FifoBells:
         self._serial = next(_serials)
         self._closed = False
         self._listed: tuple[int, list[str]] | None = None  # (mtime, names) of the directory
+        self._marker = f"{os.getpid():08x}{self._serial:08x}".encode()  # who marks: us
+        self._marked: set[str] = set()  # paths of this object's want marks
 
     def doorbell(self, key: str) -> Doorbell | None:
         """A doorbell for a poller of ``key``; ``None`` if no FIFO could be made (the
@@ -134,8 +156,35 @@ class FifoBells:
         return True
 
     def waiting(self, key: str) -> bool:
-        """Whether a poller in another process (or manager) waits for ``key`` now."""
-        return self._next_in_line(key, ring=False)
+        """Whether a poller in another process (or manager) waits for ``key`` now, or a
+        try of one marked it wanted (``want``) lately."""
+        return self._wanted(key) or self._next_in_line(key, ring=False)
+
+    def want(self, key: str, seconds: float) -> None:
+        """Mark ``key`` as wanted by this process for ``seconds`` (see the module
+        docstring); a mark that cannot be written is only logged."""
+        if self._closed:
+            return
+        path = self._want_path(key)
+        until = time.monotonic_ns() + int(seconds * 1e9)
+        mark = b"%016x" % until + self._marker  # (fixed length: rewritten in place)
+        try:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, MARK_MODE)
+            except FileNotFoundError:
+                os.makedirs(self._directory, DIRECTORY_MODE, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, MARK_MODE)
+            try:
+                os.pwrite(fd, mark, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            logger.debug("could not mark %r wanted: %s", key, exc)
+            return
+        with self._mutex:
+            if len(self._marked) >= MOST_MARKS_KEPT:
+                self._marked.clear()  # (their readers remove them once long past)
+            self._marked.add(path)
 
     def close(self) -> None:
         """Remove this process's FIFOs and wake their pollers, which close the
@@ -143,6 +192,11 @@ class FifoBells:
         with self._mutex:
             self._closed = True
             fifos = list(self._fifos.values())
+            marked, self._marked = self._marked, set()
+        for path in marked:  # (a mark another process wrote since is its own to keep)
+            if _read_mark(path)[1] == self._marker:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         for fifo in fifos:
             with contextlib.suppress(OSError):
                 os.unlink(fifo.path)
@@ -177,6 +231,24 @@ class FifoBells:
                 os.close(fd)
             return True
         return False
+
+    def _wanted(self, key: str) -> bool:
+        """Whether another process (or manager) marked ``key`` wanted until a moment
+        still to come; a mark long past is removed."""
+        path = self._want_path(key)
+        until, marker = _read_mark(path)
+        if until is None or marker == self._marker:
+            return False
+        now = time.monotonic_ns()
+        if now <= until <= now + MOST_AHEAD:
+            return True
+        if until < now - STALE_MARK:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return False
+
+    def _want_path(self, key: str) -> str:
+        return os.path.join(self._directory, WANT_PREFIX + _digest(self._table, key))
 
     def _listing(self) -> list[str]:
         """The directory's names, listed again only if it may have changed since: its
@@ -263,6 +335,24 @@ class _Bell(Doorbell):
 def _digest(table: str, key: str) -> str:
     text = f"{table}\0{key}".encode("utf-8", "surrogatepass")
     return hashlib.blake2b(text, digest_size=8).hexdigest()  # 16 characters
+
+
+def _read_mark(path: str) -> tuple[int | None, bytes]:
+    """A want mark's end (``None``: no mark, or none readable) and who wrote it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # (mostly: nobody ever tried the key)
+        return None, b""
+    try:
+        mark = os.pread(fd, 64, 0)
+    except OSError:
+        return None, b""
+    finally:
+        os.close(fd)
+    try:
+        return int(mark[:16], 16), mark[16:]
+    except ValueError:  # (written this moment, or not by us)
+        return None, b""
 
 
 def _drain(fd: int) -> None:

@@ -4,6 +4,7 @@ SQLite (``fifos``), plain pauses where none applies (an in-memory SQLite databas
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ from .fifos import FifoBells
 from .notify import Listener
 
 __all__ = ["WakeUps"]
+
+logger = logging.getLogger(__name__)
 
 
 class WakeUps:
@@ -52,12 +55,26 @@ class WakeUps:
             self._listener.watch_forced(told)
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
+        if self._listener is not None:
+            return self._listener.waiting(key)
+        if self._bells is not None:
+            return self._bells.waiting(key, ringing)
         if self._fifos is not None:
             return self._fifos.waiting(key)
-        # A doorbell's named lock held by this process hides who waits behind it.
-        if self._bells is None or ringing:
-            return None
-        return self._bells.waiting(key)
+        return None
+
+    def want(self, key: str, seconds: float) -> None:
+        """Mark ``key`` wanted by this process for ``seconds``, for its holder's
+        ``others_waiting``; where nothing can carry the mark, nothing happens."""
+        try:
+            if self._listener is not None:
+                self._listener.want(key, seconds)
+            elif self._bells is not None:
+                self._bells.want(key, seconds)
+            elif self._fifos is not None:
+                self._fifos.want(key, seconds)
+        except Exception as exc:  # a lost mark costs a turn: never the try's failure
+            logger.debug("marking %r wanted failed: %s", key, exc)
 
     def released(self, key: str) -> None:
         """``key``'s row was deleted: wake a poller elsewhere where nothing else does
