@@ -62,7 +62,9 @@ WANTED_FOR = 0.1
 # flash-sale runs; with 20 ms, 560-610 (GET_LOCK: 410-450).
 KEEP_TIME = 0.002
 KEPT_COHORT_TIME = 0.02
-# Keys remembered at most in each memory; past this, the memory starts afresh.
+# Keys remembered at most in each memory; past this, the memory starts afresh (which
+# costs at most a turn or a statement). A plain dict, as the acquire path reads these:
+# 30-80 ns a call, against about 215 for cachetools' LRUCache and 1.2 µs for its TTLCache.
 REMEMBERED_KEYS = 4096
 
 # When a manager of this process last released each key in the database.
