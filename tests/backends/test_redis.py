@@ -35,6 +35,7 @@ from tierlock.backends.redis import wanting
 from tierlock.backends.redis.backend import RedisBackend
 from tierlock.backends.redis.layout import names
 from tierlock.backends.redis.scripts import ACQUIRE, RELEASE
+from tierlock.backends.redis.wire import pack
 from tierlock.urls import ENGINE_SCHEMES
 
 pytestmark = pytest.mark.redis
@@ -519,6 +520,31 @@ def test_waiting_does_not_pin_a_connection(make_locks: MakeLocks, key: str) -> N
     holder.release()
     waiter.join(procs.WAIT_LIMIT)
     assert result == [True]
+
+
+def test_a_bounded_pool_keeps_a_connection_for_other_work(make_locks: MakeLocks, key: str) -> None:
+    """With a pool of one connection, the scripts of acquires and releases give it back
+    after each command: looking (``info``, ``locked``) and renewing still find it."""
+    small = make_locks(f"{SHARED_URL}?max_connections=1", ttl=0.6, database_timeout=2.0)
+    held = small.lock(key)
+    assert held.acquire()
+    for number in range(5):
+        take(small, f"{key}:other:{number}")
+        assert small.info(key) is not None and small.lock(f"{key}:other").locked() is False
+    beats = small.stats().heartbeats
+    wait_until(lambda: small.stats().heartbeats >= beats + 2, "two renewals")
+    assert held.owned() and small.stats().lost_holds == 0
+    held.release()
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [("EVALSHA", "0" * 40, 1, "k"), ("SET", "\U0001f600 \u00e9", "", 0, -12, 2**62)],
+    ids=["ascii", "unicode-and-numbers"],
+)
+def test_commands_are_packed_as_redis_py_packs_them(parts: tuple[object, ...]) -> None:
+    packed = redis.Connection().pack_command(*parts)  # type: ignore[no-untyped-call]
+    assert pack(parts) == b"".join(packed)
 
 
 def test_release_wakes_a_poller_elsewhere(make_locks: MakeLocks, key: str) -> None:

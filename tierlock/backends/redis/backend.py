@@ -37,13 +37,23 @@ from ...urls import hide_password
 from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, Record, check_table_name, fencing_token
 from .cluster import NODE_PATIENCE, ClusterRenewal
-from .layout import Names, Stored, milliseconds, names, record_halves, scan_pattern, user_key_of
+from .layout import (
+    Names,
+    RecordHalves,
+    Stored,
+    milliseconds,
+    names,
+    record_halves,
+    scan_pattern,
+    user_key_of,
+)
 from .renewal import renew_holds
 from .running import CLUSTER_SCHEMES, Runner, open_client
 from .scripts import ACQUIRE, EXTEND, FORCE_RELEASE, PASS, PEEK, RELEASE, Script, Scripts
 from .sweeping import Sweeper
 from .wakeups import WakeUps
 from .wanting import Wanting
+from .wire import Wire
 
 __all__ = ["RedisBackend"]
 
@@ -77,6 +87,10 @@ class RedisBackend(LockBackend):
         # One try, as an SQL engine's first connection: a wrong address or password is
         # told at once.
         self._client: Any = self._run("connect", None, lambda _: self._connect(), retry=False)
+        # Where the scripts of acquires and releases go: a cluster client finds each
+        # key's node, a server's pool is used by the short way (``wire``).
+        self._scripted: Any = self._client if self._cluster else Wire(self._client)
+        self._halves = RecordHalves()
         self._wakeups = WakeUps(self._listening_connection)
         self._wanting = Wanting(self._scripts, counters, self._wakeups, cluster=self._cluster)
         self._sweeper = Sweeper(self._delete_owned, give_up_after=timeout)
@@ -101,7 +115,7 @@ class RedisBackend(LockBackend):
         return client
 
     def _call(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any:
-        return self._scripts.run(self._client, script, keys, args)
+        return self._scripts.run(self._scripted, script, keys, args)
 
     def _done(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> bool:
         """Run a script that returns 1 when it did its work (0: the hold was not there)."""
@@ -124,38 +138,38 @@ class RedisBackend(LockBackend):
     ) -> int | None:
         where = names(self.table, key)
         keys = (where.record, where.counter, where.want)
-        head, tail = record_halves(Record.of(owner, 0, lease))
-        marking = self._wanting.acquire_args()
         owner_id = owner.owner_id
-        args = [owner_id, milliseconds(ttl), head, tail, "", COUNTER_LIFE, *marking]
+        head, tail = self._halves.of(owner, lease)
+        tag, mark_life = self._wanting.acquire_args()
+        args = [owner_id, milliseconds(ttl), head, tail, "", COUNTER_LIFE, tag, mark_life]
 
         def attempt(uncertain: bool) -> int | None:
             sent = time.monotonic()
-            outcome, detail = self._call(ACQUIRE, keys, args)
-            if outcome == "held":
+            reply = self._call(ACQUIRE, keys, args)
+            if isinstance(reply, str):  # held by someone else: the holder's value
                 self._wanting.lost(where, sent)
-                holder = Stored.parse(detail).record
+                holder = Stored.parse(reply).record
                 if not process.is_gone(holder.host_id, holder.pid, holder.proc_start):
                     self.counters.add("insert_conflicts")
                     return None
                 # Its holder process is gone: take it if nobody changed it since.
-                outcome, detail = self._call(ACQUIRE, keys, [*args[:4], detail, *args[5:]])
-                if outcome == "held":
+                reply = self._call(ACQUIRE, keys, [*args[:4], reply, *args[5:]])
+                if isinstance(reply, str):
                     self.counters.add("insert_conflicts")
                     return None
-                if outcome == "won":
+                if reply > 0:
                     logger.warning(
                         "lock %r: took over the hold of process %d, which has exited",
                         key,
                         holder.pid,
                     )
                     self.counters.add("reclaims")
-            if outcome == "won":
+            if reply > 0:
                 self.counters.add("inserts")
             if self.closed:  # won just as the manager closed: nobody will hold it
                 self._release(where, owner_id)
                 return None
-            return int(detail)
+            return abs(int(reply))
 
         number = self._run("acquire", key, attempt, owner=owner_id)
         if number is None:
@@ -332,7 +346,7 @@ class RedisBackend(LockBackend):
             return self._run(
                 "others_waiting",
                 key,
-                lambda _: self._wanting.others_waiting(self._client, where),
+                lambda _: self._wanting.others_waiting(self._scripted, where),
                 retry=False,
             )
         except LockError as exc:  # (closed, or out of reach: the next cohort asks again)
@@ -368,6 +382,7 @@ class RedisBackend(LockBackend):
         # also notice the new pid, which a cluster client's nodes rely on).
         if not self._cluster:
             self._client = open_client(self._url, self.timeout)
+            self._scripted = Wire(self._client)
         self._runner.after_fork()
         if self._renewal is not None:
             self._renewal.forget()
@@ -383,6 +398,8 @@ class RedisBackend(LockBackend):
         gate.close(self.timeout * 1.5)
         self._sweeper.finish(self.timeout)
         gate.seal()
+        if isinstance(self._scripted, Wire):
+            self._scripted.close()
         self._client.close()
 
 

@@ -17,14 +17,17 @@ pattern anchored at the end.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import NamedTuple
 
+from ...records import Owner
 from ..basics import Record
 
 __all__ = [
     "Names",
+    "RecordHalves",
     "Stored",
     "milliseconds",
     "names",
@@ -37,6 +40,9 @@ _ESCAPES = {"%": "%25", "}": "%7D"}
 _ESCAPED = re.compile(r"[%}]")
 _UNESCAPED = re.compile(r"%(25|7D)")
 _UNESCAPES = {"25": "%", "7D": "}"}
+# Owners (but for their ids) whose record halves a ``RecordHalves`` remembers at most;
+# past this, it starts afresh.
+REMEMBERED_OWNERS = 1024
 # What ``record_halves`` puts where the server's clock reading goes: no other field
 # that follows it (a positive lease, a hand-off count) can read ",-1,".
 _ACQUIRED_SLOT = -1
@@ -52,7 +58,9 @@ class Names(NamedTuple):
 
 
 def names(table: str, key: str) -> Names:
-    record = f"{table}:{{{_ESCAPED.sub(lambda found: _ESCAPES[found[0]], key)}}}"
+    if "%" in key or "}" in key:
+        key = _ESCAPED.sub(lambda found: _ESCAPES[found[0]], key)
+    record = f"{table}:{{{key}}}"
     # The channel shares the record's name: channels and keys never meet.
     return Names(record, f"{record}:token", f"{record}:want", record)
 
@@ -88,6 +96,29 @@ def record_halves(record: Record) -> tuple[str, str]:
     text = record._replace(acquired=_ACQUIRED_SLOT).dumps()
     head, _, tail = text.rpartition(f",{_ACQUIRED_SLOT},")
     return head + ",", "," + tail
+
+
+class RecordHalves:
+    """``record_halves`` for acquires, made once per thread and lease: an owner's fields
+    but its id stay the same from one acquire of a thread to the next, and writing the
+    JSON anew each time costs more than the rest of the call."""
+
+    def __init__(self) -> None:
+        # By the owner's fields but its id, and the lease: the halves of a record with
+        # no owner id, the head without its opening '[""'.
+        self._known: dict[tuple[object, ...], tuple[str, str]] = {}
+
+    def of(self, owner: Owner, lease: float | None) -> tuple[str, str]:
+        """``record_halves(Record.of(owner, 0, lease))``."""
+        fields = (*owner[1:], lease)
+        known = self._known.get(fields)
+        if known is None:
+            if len(self._known) >= REMEMBERED_OWNERS:
+                self._known.clear()
+            head, tail = record_halves(Record.of(owner._replace(owner_id=""), 0, lease))
+            known = self._known[fields] = (head[len('[""') :], tail)
+        rest, tail = known
+        return f"[{json.dumps(owner.owner_id, ensure_ascii=False)}{rest}", tail
 
 
 def milliseconds(seconds: float) -> int:

@@ -67,19 +67,21 @@ class Script:
 # KEYS: record, counter, mark. ARGV: owner id, ttl ms, record head, record tail, the
 # value of a holder proven gone ("" if none), the counter's life in ms, the trying
 # backend's tag, the mark's life in ms.
-# {"won", number}: taken for the owner with a number above every earlier one of the key:
-# one more than the key's counter, or the server's clock in ticks of 100 microseconds
-# if that is higher, so that numbers rise across restarts even when the counter was
-# lost (see ``RedisBackend``).
-# {"ours", number}: the owner holds it already (an earlier try's reply was lost).
-# {"held", value}: someone else holds it; the mark now names the trying backend, and
-# tells the holder for the mark's life that the key is wanted (see WANTED).
+# One scalar, the cheapest reply to read:
+# a number (positive): taken for the owner with a number above every earlier one of the
+# key: one more than the key's counter, or the server's clock in ticks of 100
+# microseconds if that is higher, so that numbers rise across restarts even when the
+# counter was lost (see ``RedisBackend``);
+# a number (negative): minus the number of the owner's hold, which it holds already (an
+# earlier try's reply was lost);
+# a string: the holder's value: someone else holds it; the mark now names the trying
+# backend, and tells the holder for the mark's life that the key is wanted (see WANTED).
 ACQUIRE = Script("""
 local value = redis.call("GET", KEYS[1])
 if value and value ~= ARGV[5] then
-  if owned(value, ARGV[1]) then return {"ours", number_of(value)} end
+  if owned(value, ARGV[1]) then return -tonumber(number_of(value)) end
   redis.call("SET", KEYS[3], ARGV[7], "PX", ARGV[8])
-  return {"held", value}
+  return value
 end
 local clock = redis.call("TIME")
 local ticks = tonumber(clock[1]) * 10000 + math.floor(tonumber(clock[2]) / 100)
@@ -88,7 +90,7 @@ local text = string.format("%.0f", number)
 redis.call("SET", KEYS[2], text, "PX", ARGV[6])
 local record = ARGV[1] .. "\\n" .. text .. "\\n" .. ARGV[3] .. milliseconds(clock) .. ARGV[4]
 redis.call("SET", KEYS[1], record, "PX", ARGV[2])
-return {"won", text}
+return number
 """)
 
 # KEYS: record. ARGV: owner id, channel.
