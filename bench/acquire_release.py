@@ -120,7 +120,7 @@ def raw_side(url: URL, dialect: Dialect, sql: Statements, table: str) -> Side:
         for index in range(KEYS)
     ]
 
-    insert_sql, inserts = _compiled(sql.insert_if_absent, dialect, values)  # type: ignore[arg-type]
+    insert_sql, inserts = _compiled(sql.insert_if_absent, dialect, values)
     delete_sql, deletes = _compiled(sql.delete_owned, dialect, values)
     backend = url.get_backend_name()
 

@@ -21,7 +21,10 @@ class Gate:
     back until ``resume``. Both wait, up to a bound, for those under way to end."""
 
     def __init__(self, *, shut: bool = False) -> None:
-        self._changed = threading.Condition(threading.Lock())
+        # Entering and leaving take the plain lock (no Python-level call of the
+        # condition's); only close, pause and what waits on them use the condition.
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition(self._mutex)
         self._busy = 0
         self._paused = False
         # The thread that shut the gate (NOBODY: shut, and no thread may pass).
@@ -33,7 +36,7 @@ class Gate:
 
     def enter(self) -> None:
         """:raises LockError: the gate is shut (the backend is closed)."""
-        with self._changed:
+        with self._mutex:
             while self._paused:
                 self._changed.wait()
             if self._shut_by is not None and self._shut_by != threading.get_ident():
@@ -41,9 +44,10 @@ class Gate:
             self._busy += 1
 
     def leave(self) -> None:
-        with self._changed:
+        with self._mutex:
             self._busy -= 1
-            if not self._busy:
+            # Only close and pause wait for the count to reach nought.
+            if not self._busy and (self._paused or self._shut_by is not None):
                 self._changed.notify_all()
 
     def close(self, timeout: float) -> None:

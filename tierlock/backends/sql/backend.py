@@ -28,9 +28,10 @@ from .engine import (
     pause_forks_for,
     usable_engine,
 )
+from .inserts import ExclusiveInsert, exclusive_params
 from .link import Link
 from .notify import channel_name
-from .queries import Queries
+from .queries import Queries, Query
 from .rows import insert_params, listed_params, row_info
 from .running import SPARE_CONNECTIONS, Runner
 from .schema import prepare_table
@@ -108,6 +109,7 @@ class SQLBackend(LockBackend):
         self._sweeper = Sweeper(self._sweep)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._engine.dialect)
+        self._exclusive_insert = ExclusiveInsert(self.sql, self._engine.dialect)
         shared = SharedStatements(self.table, self.dialect_name, channel)
         self._shared_queries = SharedQueries(shared, self._engine.dialect)
         self.shared: SQLSharedHolds = SQLSharedHolds(self, self._shared_queries)
@@ -130,18 +132,24 @@ class SQLBackend(LockBackend):
 
     # -- holds -------------------------------------------------------------------
 
-    def insert_row(self, link: Link, params: dict[str, Any]) -> int | None:
-        """Insert a row if its key is free (``insert_params``); its token, or ``None``."""
-        result = link.execute(self.queries.insert_if_absent, params)
+    def insert_row(
+        self, link: Link, params: dict[str, Any], query: Query | None = None
+    ) -> int | None:
+        """Insert a row if its key is free (``insert_params``, or those of ``query``, a
+        form of ``insert_if_absent``); its token, or ``None``."""
+        if query is None:
+            query = self.queries.insert_if_absent
+        token: int | None
         if self.sql.returns_token:
-            token: int | None = result.rows[0][0] if result.rows else None
+            row = link.first(query, params)
+            token = None if row is None else row[0]
         else:
-            token = result.lastrowid if result.rowcount == 1 else None
+            token = link.inserted(query, params)
         self.counters.add("insert_conflicts" if token is None else "inserts")
         return token
 
-    def _insert(self, link: Link, params: dict[str, Any]) -> int | None:
-        token = self.insert_row(link, params)
+    def _insert(self, link: Link, params: dict[str, Any], query: Query | None) -> int | None:
+        token = self.insert_row(link, params, query)
         return None if token is None else fencing_token(token, 0)
 
     def limit_busy_wait(
@@ -165,7 +173,11 @@ class SQLBackend(LockBackend):
         lease: float | None = None,
         limit: float | None = None,
     ) -> int | None:
-        params = {**insert_params(owner, ttl, lease), "key": key}
+        query = self._exclusive_insert.query(owner)
+        if query is None:  # (values that must be sent as parameters)
+            params = {**insert_params(owner, ttl, lease), "key": key}
+        else:
+            params = exclusive_params(key, owner, ttl, lease)
         queries = self.queries
 
         def attempt(link: Link, uncertain: bool) -> int | None:
@@ -175,17 +187,17 @@ class SQLBackend(LockBackend):
                 if token is not None:
                     return token
             self.limit_busy_wait(link, limit)
-            token = self._insert(link, params)
+            token = self._insert(link, params, query)
             if token is None:
                 freed = self._takeover.free_held_row(link, key, wait=limit)
                 if isinstance(freed, Reserved):
-                    insert = functools.partial(self._insert, link, params)
+                    insert = functools.partial(self._insert, link, params, query)
                     token = take_reserved(link, key, freed, insert, queries)
                 elif freed:
-                    token = self._insert(link, params)
+                    token = self._insert(link, params, query)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
-                link.execute(queries.delete_owned, params)
+                link.count(queries.delete_owned, params)
                 return None
             return token
 
@@ -200,7 +212,7 @@ class SQLBackend(LockBackend):
         params = {"key": key, "owner": owner_id}
 
         def attempt(link: Link, uncertain: bool) -> bool:
-            if link.execute(self.queries.delete_owned, params).rowcount == 1:
+            if link.count(self.queries.delete_owned, params) == 1:
                 return True
             # The row is gone. After a dropped connection that may be our own earlier
             # try's doing, but only while the lease surely ran could nobody else (the
@@ -235,7 +247,7 @@ class SQLBackend(LockBackend):
         return self._run(
             "handoff",
             key,
-            lambda link, _: link.execute(self.queries.handoff_owned, params).rowcount == 1,
+            lambda link, _: link.count(self.queries.handoff_owned, params) == 1,
         )
 
     def renew(self, holds: Sequence[tuple[str, str]]) -> set[str]:
@@ -258,7 +270,7 @@ class SQLBackend(LockBackend):
             params = listed_params(part, size)
         self.counters.add("heartbeats")
         owners = {owner for _, owner in part}
-        if link.execute(query, params).rowcount == len(part) + len(groups):
+        if link.count(query, params) == len(part) + len(groups):
             return owners
         query, _ = self.queries.listed("select_live_owned", len(part))
         return {row[0] for row in link.execute(query, params).rows} & owners
@@ -277,7 +289,7 @@ class SQLBackend(LockBackend):
         return self._run(
             "record",
             key,
-            lambda link, _: link.execute(self.queries.record_holder, params).rowcount == 1,
+            lambda link, _: link.count(self.queries.record_holder, params) == 1,
         )
 
     def discard(self, key: str, owner_id: str, *, certain: bool) -> None:
@@ -323,7 +335,7 @@ class SQLBackend(LockBackend):
         return self._run(
             "extend",
             key,
-            lambda link, _: link.execute(self.queries.extend_owned, params).rowcount == 1,
+            lambda link, _: link.count(self.queries.extend_owned, params) == 1,
         )
 
     def is_locked(self, key: str) -> bool:

@@ -4,12 +4,14 @@ client, tells (semantic 3)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from sqlalchemy import DateTime, String
+from sqlalchemy import DateTime, String, literal_column
 from sqlalchemy.dialects import mysql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler, TypeCompiler
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import FunctionElement
 
 from ...keys import MAX_KEY_LENGTH
@@ -20,6 +22,7 @@ __all__ = [
     "LockKeyType",
     "Timestamp",
     "larger",
+    "plain",
     "utc_after",
     "utc_now",
 ]
@@ -128,3 +131,22 @@ def _larger(element: larger, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(larger, "sqlite")
 def _larger_sqlite(element: larger, compiler: SQLCompiler, **kw: Any) -> str:
     return f"max({compiler.process(element.clauses, **kw)})"
+
+
+# Text that means the same inside quotes on every dialect, paramstyle and server setting:
+# letters, digits and ``_.:/-`` only (no quote, backslash, percent sign or question
+# mark, nothing outside ASCII).
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.:/-]*\Z")
+
+
+def plain(value: str) -> ColumnElement[str]:
+    """``value`` written into the SQL as a string literal, not sent as a parameter: for
+    values that every statement of a table or a process sends alike (a parameter less
+    spares the driver its conversion at every statement).
+
+    :raises ValueError: ``value`` is not plain text, which would need quoting that
+        differs between dialects and server settings: send it as a parameter instead.
+    """
+    if not _PLAIN_TEXT.match(value):
+        raise ValueError(f"not plain text: {value!r}")
+    return literal_column(f"'{value}'", String)

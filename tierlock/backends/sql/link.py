@@ -1,22 +1,32 @@
 """``Link``: one operation's connection, which runs compiled statements straight on the
-driver (see ``running`` for how operations are tried and retried)."""
+driver (see ``running`` for how operations are tried and retried).
+
+A statement's result is read in one of four ways, each reading no more than its caller
+needs: ``execute`` (columns and all rows), ``count`` (the row count), ``first`` (the
+first row) and ``inserted`` (the new row's id). Every one leaves nothing of the result
+on the server or in the driver: psycopg's and PyMySQL's cursors read a whole result as
+the statement runs, and on SQLite, which steps a query's rows only as they are fetched
+(holding its read snapshot until then), every row is read.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from sqlalchemy.pool import PoolProxiedConnection
 
-from .engine import set_busy_timeout
+from .engine import SQLITE_BUSY_SLICE, set_busy_timeout
 from .queries import Query
 
 if TYPE_CHECKING:
     from .running import Runner
 
 __all__ = ["Link", "Result"]
+
+T = TypeVar("T")
 
 _COMMIT = Query("COMMIT", {}, None)
 
@@ -25,9 +35,20 @@ _KEPT_CURSOR = "tierlock.cursor"
 
 
 class Link:
-    """One pooled driver connection, lent to one try of one operation."""
+    """One pooled driver connection, lent to one try of one operation at a time; the
+    runner keeps a few between operations (see ``Runner.put_back``)."""
 
-    __slots__ = ("_broken", "_commit", "_connection", "_failed", "_runner", "_session")
+    __slots__ = (
+        "_broken",
+        "_busy_limited",
+        "_commit",
+        "_connection",
+        "_cursor",
+        "_failed",
+        "_runner",
+        "_session",
+        "_whole",
+    )
 
     def __init__(self, runner: Runner, connection: PoolProxiedConnection) -> None:
         self._runner = runner
@@ -37,23 +58,47 @@ class Link:
         self._broken = False  # a statement on it was cut short: its state is unknown
         self._failed = False  # a statement on it failed: the pool must reset it
         self._session: object = None
+        # SQLite: whether the busy wait may differ from SQLITE_BUSY_SLICE (a connection
+        # from the pool may come with the wait of an earlier try).
+        self._busy_limited = runner.dialect_name == "sqlite"
+        # The cursor the connection keeps for tierlock (None: a new one per statement).
+        self._cursor = self._kept_cursor() if runner.reuses_cursors else None
+        # SQLite: every row must be read (see the module docstring).
+        self._whole = runner.dialect_name == "sqlite"
 
     def execute(self, query: Query, params: dict[str, Any] | None = None) -> Result:
-        """Run ``query`` and read its whole result, so no cursor outlives the call."""
+        """Run ``query`` and read its whole result: columns and rows."""
+        return self._send(query, params, _result)
+
+    def count(self, query: Query, params: dict[str, Any] | None = None) -> int:
+        """Run ``query``; the rows it changed (or those a SELECT returned, on a server)."""
+        return self._send(query, params, _count_read if self._whole else _count)
+
+    def first(self, query: Query, params: dict[str, Any] | None = None) -> Any:
+        """Run ``query``, which returns rows; its first row, or ``None``."""
+        return self._send(query, params, _first)
+
+    def inserted(self, query: Query, params: dict[str, Any] | None = None) -> int | None:
+        """Run ``query``, an insert of at most one row; the row's id (the driver's
+        ``lastrowid``) if it inserted one, else ``None``."""
+        return self._send(query, params, _inserted)
+
+    def _send(self, query: Query, params: dict[str, Any] | None, read: Callable[[Any], T]) -> T:
+        """Run ``query`` and ``read`` its cursor, so no cursor outlives the call."""
         runner = self._runner
         runner.counters.add("statements")
-        cursor = self._cursor()
+        cursor = self._cursor
+        if params is None:
+            params = {}
         try:
-            cursor.execute(query.sql, query.arguments(params or {}))
-            columns = cursor.description
-            result = Result(
-                cursor.rowcount,
-                getattr(cursor, "lastrowid", None),  # (psycopg has none: it uses RETURNING)
-                [] if columns is None else [column[0] for column in columns],
-                [] if columns is None else list(cursor.fetchall()),
-            )
-            if not runner.reuses_cursors:
+            if cursor is None:
+                cursor = self._connection.cursor()
+                cursor.execute(query.sql, query.arguments(params))
+                result = read(cursor)
                 cursor.close()
+            else:
+                cursor.execute(query.sql, query.arguments(params))
+                result = read(cursor)
             if self._commit:
                 self._connection.commit()
         except runner.dbapi_error as exc:
@@ -75,12 +120,12 @@ class Link:
         commit, self._commit = self._commit, False
         try:
             if not commit:  # (an autocommit connection of tierlock's own)
-                self.execute(self._runner.begin)
+                self.count(self._runner.begin)
             yield
             if commit:
                 self._connection.commit()
             else:
-                self.execute(_COMMIT)
+                self.count(_COMMIT)
         except BaseException:
             self._failed = True
             self._roll_back()
@@ -98,12 +143,10 @@ class Link:
         except Exception:
             self._broken = True  # (closed, never pooled again)
 
-    def _cursor(self) -> Any:
-        """A cursor on this connection: on an engine of tierlock's own, the one that the
-        connection keeps for tierlock (a new cursor costs psycopg about 35 µs)."""
+    def _kept_cursor(self) -> Any:
+        """The cursor the connection keeps for tierlock's statements (a new cursor costs
+        psycopg about 35 µs), made if it has none yet."""
         connection = self._connection
-        if not self._runner.reuses_cursors:
-            return connection.cursor()
         kept = connection.info.get(_KEPT_CURSOR)
         if kept is None or kept[0] is not connection.dbapi_connection:
             # (None, or the cursor of a driver connection that the pool since replaced)
@@ -133,19 +176,70 @@ class Link:
 
     def limit_busy_wait(self, seconds: float) -> None:
         """SQLite: let the next statement wait at most ``seconds`` for the write lock."""
+        self._set_busy_wait(seconds)
+        self._busy_limited = True
+
+    def restore_busy_wait(self) -> None:
+        """SQLite: let statements wait ``SQLITE_BUSY_SLICE`` again, if they may not."""
+        if self._busy_limited:
+            self._set_busy_wait(SQLITE_BUSY_SLICE)
+            self._busy_limited = False
+
+    def _set_busy_wait(self, seconds: float) -> None:
         driver_connection = self._connection.dbapi_connection
         assert isinstance(driver_connection, sqlite3.Connection)
         set_busy_timeout(driver_connection, self._connection.info, seconds)
 
     def close(self) -> None:
-        if self._broken or self._failed:
-            self._connection.info.pop(_KEPT_CURSOR, None)
+        """End the try: keep the connection if its statements went well, else let the
+        pool reset or discard it."""
         if self._broken:
-            self._connection.invalidate()
+            self.invalidate()
         elif self._failed:
+            self._connection.info.pop(_KEPT_CURSOR, None)
             self._connection.close()
         else:
-            self._runner.put_back(self._connection)
+            self._runner.put_back(self)
+
+    def give_back(self) -> None:
+        """Return the connection, whose statements went well, to the pool."""
+        self._connection.close()
+
+    def invalidate(self) -> None:
+        """Close the connection for good: it is broken, or its server may be gone."""
+        self._connection.info.pop(_KEPT_CURSOR, None)
+        self._connection.invalidate()
+
+
+def _result(cursor: Any) -> Result:
+    columns = cursor.description
+    return Result(
+        cursor.rowcount,
+        getattr(cursor, "lastrowid", None),  # (psycopg has none: it uses RETURNING)
+        [] if columns is None else [column[0] for column in columns],
+        [] if columns is None else list(cursor.fetchall()),
+    )
+
+
+def _count(cursor: Any) -> int:
+    count: int = cursor.rowcount
+    return count
+
+
+def _count_read(cursor: Any) -> int:
+    count: int = cursor.rowcount
+    cursor.fetchall()
+    return count
+
+
+def _first(cursor: Any) -> Any:
+    rows = cursor.fetchall()
+    return rows[0] if rows else None
+
+
+def _inserted(cursor: Any) -> int | None:
+    # (An insert that did nothing leaves lastrowid at an earlier insert's id.)
+    return cursor.lastrowid if cursor.rowcount == 1 else None
 
 
 class Result(NamedTuple):

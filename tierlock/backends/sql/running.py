@@ -40,10 +40,8 @@ from ...stats import Counters
 from ..gate import Gate
 from .columns import MYSQL_FAMILY
 from .engine import (
-    SQLITE_BUSY_SLICE,
     has_connected,
     is_contention,
-    set_busy_timeout,
     unreachable,
 )
 from .link import Link
@@ -108,7 +106,7 @@ class Runner:
         # with the server sessions that carried it (see ``SQLBackend.discard``).
         self.doubts: dict[str, list[object]] = {}
         # Connections kept checked out between operations, last in first out.
-        self._spare: list[PoolProxiedConnection] = []
+        self._spare: list[Link] = []
         self._spares = spares
         # Each connection keeps one cursor for the next statement, unless it belongs to
         # the caller's pool, which other code shares.
@@ -122,19 +120,19 @@ class Runner:
         self.doubts = {}
         self._spare = []
 
-    def put_back(self, connection: PoolProxiedConnection) -> None:
-        """Keep ``connection``, whose statements went well, for the next operation, or
-        return it to the pool if enough are kept."""
+    def put_back(self, link: Link) -> None:
+        """Keep ``link``, whose statements went well, for the next operation, or return
+        its connection to the pool if enough are kept."""
         if len(self._spare) < self._spares:
-            self._spare.append(connection)
+            self._spare.append(link)
         else:
-            connection.close()
+            link.give_back()
 
     def close(self) -> None:
         """Return the spare connections to the pool (no operation runs any more)."""
         spare, self._spare = self._spare, []
-        for connection in spare:
-            connection.close()
+        for link in spare:
+            link.give_back()
 
     def failure(
         self, exc: Exception, query: Query | None, connection: PoolProxiedConnection | None
@@ -205,11 +203,12 @@ class Runner:
         an owner id in doubt starts uncertain. Raises only tierlock errors, apart from
         what interrupts it (``KeyboardInterrupt`` and the like).
         """
-        self.gate.enter()
+        gate = self.gate
+        gate.enter()
         try:
             return self._tries(what, key, attempt, on_contention, owner)
         finally:
-            self.gate.leave()
+            gate.leave()
 
     def _tries(
         self,
@@ -271,17 +270,21 @@ class Runner:
     def _link(self) -> Link:
         """A pooled connection for one try; the caller closes it."""
         try:
-            connection = self._spare.pop()
+            link = self._spare.pop()
         except IndexError:
             try:
                 connection = self.engine.raw_connection()
             except self.dbapi_error as exc:
                 raise self.failure(exc, None, None) from exc
-        if self.dialect_name == "sqlite":
-            driver_connection = connection.dbapi_connection
-            assert isinstance(driver_connection, sqlite3.Connection)
-            set_busy_timeout(driver_connection, connection.info, SQLITE_BUSY_SLICE)
-        return Link(self, connection)
+            try:
+                link = Link(self, connection)  # (which opens the connection's cursor)
+            except BaseException as exc:
+                connection.invalidate()  # (not pooled again: its state is unknown)
+                if isinstance(exc, self.dbapi_error):
+                    raise self.failure(exc, None, None) from exc
+                raise
+        link.restore_busy_wait()
+        return link
 
     def _doubt(self, owner: str | None, link: Link | None) -> None:
         """Record that a statement for ``owner`` may have reached the server on

@@ -34,15 +34,32 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import (
     ColumnElement,
     Delete,
-    Executable,
+    Insert,
     Select,
     Update,
 )
 
-from .columns import MYSQL_FAMILY, ROW_KEY_LENGTH, LockKeyType, Timestamp, utc_after, utc_now
+from .columns import (
+    MYSQL_FAMILY,
+    ROW_KEY_LENGTH,
+    LockKeyType,
+    Timestamp,
+    plain,
+    utc_after,
+    utc_now,
+)
 from .notify import FORCED
 
-__all__ = ["GROUP", "PERMIT", "RESERVED", "SHARED", "Statements", "key_serialiser", "lock_table"]
+__all__ = [
+    "GROUP",
+    "HOLDER",
+    "PERMIT",
+    "RESERVED",
+    "SHARED",
+    "Statements",
+    "key_serialiser",
+    "lock_table",
+]
 
 # The reaper deletes at most this many rows per statement, so one pass never locks a
 # large part of the table at once.
@@ -65,7 +82,8 @@ def key_serialiser(table: Table) -> Select[Any]:
     NULL), the lock on ``key`` of ``table`` that a transaction holds from before it draws
     a token for the key's holds to its end; see ``Statements.insert_if_absent``."""
     key_hash = func.hashtext(bindparam("key"))
-    locked = func.pg_advisory_xact_lock(func.hashtext(literal(table.name)), key_hash)
+    # (The table's name is written into the SQL: one parameter less to send.)
+    locked = func.pg_advisory_xact_lock(func.hashtext(plain(table.name)), key_hash)
     return select(locked.label("locked"))
 
 
@@ -121,6 +139,18 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     )
 
 
+# The values of an inserted row that vary with each acquire.
+HOLDER: dict[str, ColumnElement[Any]] = {
+    "lock_key": bindparam("key"),
+    "owner_id": bindparam("owner"),
+    "thread_id": bindparam("thread"),
+    "thread_name": bindparam("thread_label"),
+    "acquired_at": utc_now(),
+    "expires_at": utc_after(bindparam("ttl", type_=Float)),
+    "lease": bindparam("lease", type_=Float),
+}
+
+
 def _expired(table: Table) -> ColumnElement[bool]:
     return table.c.expires_at <= utc_now()
 
@@ -146,59 +176,30 @@ class Statements:
         owned = key_is & (c.owner_id == bindparam("owner"))
         self.returns_token = dialect_name == "postgresql"
 
-        # insert_if_absent(key, owner, host_name, proc, thread, thread_label, ttl):
+        # insert_if_absent(key, owner, host_name, host_identity, proc, proc_started,
+        # thread, thread_label, ttl, lease, mode, members, permits, parent):
         # 1 row (PostgreSQL: the token returned) if the key was free, 0 rows if taken.
         # The dialect's insert-if-absent form means contention raises no error and
         # writes no line to the server's log.
-        values = {
-            "lock_key": bindparam("key"),
-            "owner_id": bindparam("owner"),
-            "host": bindparam("host_name"),
-            "pid": bindparam("proc"),
-            "thread_id": bindparam("thread"),
-            "thread_name": bindparam("thread_label"),
-            "acquired_at": utc_now(),
-            "expires_at": utc_after(bindparam("ttl", type_=Float)),
-            "lease": bindparam("lease", type_=Float),
-            "host_id": bindparam("host_identity"),
-            "proc_start": bindparam("proc_started", type_=BigInteger),
-            "mode": bindparam("mode", type_=String),
-            "members": bindparam("members", type_=Integer),
-            "permits": bindparam("permits", type_=Integer),
-            "parent": bindparam("parent", type_=BigInteger),
-        }
-        # The token is drawn from the sequence before the server checks the unique key,
-        # so a second insert of the key must not be able to draw, win, and release in
-        # between, or the first would then win with the lower token. PostgreSQL: a
-        # transaction-level advisory lock on the key, taken before the draw, keeps
-        # inserts of one key apart, and readers joining its group too, whose rows are
-        # under keys of their own (``shared``). MariaDB/MySQL: INSERT ... SELECT holds
-        # InnoDB's table-level AUTO-INC lock to the end of the statement
-        # (innodb_autoinc_lock_mode 0 or 1, the default). SQLite runs one writer at a time.
-        names = list(values)
-        row = select(*(value.label(name) for name, value in values.items()))
-        self.insert_if_absent: Executable
-        # serialise_key(key): PostgreSQL: that advisory lock, to the transaction's end.
+        self._dialect_name = dialect_name
+        self.insert_if_absent: Insert = self.insert_of(
+            {
+                **HOLDER,
+                "host": bindparam("host_name"),
+                "pid": bindparam("proc"),
+                "host_id": bindparam("host_identity"),
+                "proc_start": bindparam("proc_started", type_=BigInteger),
+                "mode": bindparam("mode", type_=String),
+                "members": bindparam("members", type_=Integer),
+                "permits": bindparam("permits", type_=Integer),
+                "parent": bindparam("parent", type_=BigInteger),
+            }
+        )
+        # serialise_key(key): PostgreSQL: the advisory lock that keeps inserts of one
+        # key apart (see ``insert_of``), to the transaction's end.
         self.serialise_key: Select[Any] | None = None
         if dialect_name == "postgresql":
             self.serialise_key = key_serialiser(table)
-            serialised = self.serialise_key.cte("serialised")
-            self.insert_if_absent = (
-                postgresql.insert(table)
-                .from_select(names, row.select_from(serialised))
-                .on_conflict_do_nothing(index_elements=[c.lock_key])
-                .returning(c.token)
-            )
-        elif dialect_name == "sqlite":
-            self.insert_if_absent = (
-                sqlite.insert(table)
-                .values(values)
-                .on_conflict_do_nothing(index_elements=[c.lock_key])
-            )
-        else:
-            # Safe here, though IGNORE also demotes other errors to warnings: every
-            # value is checked or cut to its column's size before it is sent.
-            self.insert_if_absent = insert(table).from_select(names, row).prefix_with("IGNORE")
 
         # select_holder(key): the holder's row (its token, and who and where it is) with
         # the database's verdict on its lease; no row if the key is free.
@@ -221,7 +222,7 @@ class Statements:
         self.delete_owned: Delete | Select[Any] = delete(table).where(owned)
         if channel is not None:
             gone = delete(table).where(owned).returning(c.lock_key).cte("gone")
-            self.delete_owned = select(func.pg_notify(literal(channel), gone.c.lock_key))
+            self.delete_owned = select(func.pg_notify(plain(channel), gone.c.lock_key))
 
         # extend_owned(key, owner, ttl, lease): 1 row if our hold now lasts ttl from
         # now, renewed by lease if given; 0 rows if it is no longer ours.
@@ -303,6 +304,38 @@ class Statements:
         else:
             batch = select(c.token).where(reapable).limit(REAP_BATCH)
             self.delete_expired_batch = delete(table).where(c.token.in_(batch.scalar_subquery()))
+
+    def insert_of(self, values: dict[str, ColumnElement[Any]]) -> Insert:
+        """An insert of the row of ``values`` (column: value) unless its key has a row:
+        ``insert_if_absent``'s form, which ``inserts`` fills in other ways."""
+        table, c = self._table, self._table.c
+        # The token is drawn from the sequence before the server checks the unique key,
+        # so a second insert of the key must not be able to draw, win, and release in
+        # between, or the first would then win with the lower token. PostgreSQL: a
+        # transaction-level advisory lock on the key, taken before the draw, keeps
+        # inserts of one key apart, and readers joining its group too, whose rows are
+        # under keys of their own (``shared``). MariaDB/MySQL: INSERT ... SELECT holds
+        # InnoDB's table-level AUTO-INC lock to the end of the statement
+        # (innodb_autoinc_lock_mode 0 or 1, the default). SQLite runs one writer at a time.
+        names = list(values)
+        row = select(*(value.label(name) for name, value in values.items()))
+        if self._dialect_name == "postgresql":
+            serialised = key_serialiser(table).cte("serialised")
+            return (
+                postgresql.insert(table)
+                .from_select(names, row.select_from(serialised))
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+                .returning(c.token)
+            )
+        if self._dialect_name == "sqlite":
+            return (
+                sqlite.insert(table)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+            )
+        # Safe here, though IGNORE also demotes other errors to warnings: every value
+        # is checked or cut to its column's size before it is sent.
+        return insert(table).from_select(names, row).prefix_with("IGNORE")
 
     # The heartbeat names the rows it renews: a statement for ``size`` rows binds keys
     # k0, k1, ... and owner ids o0, o1, ... (unused places get "", which no row has).

@@ -79,12 +79,12 @@ class Takeover:
         if row["mode"] == RESERVED:  # (left by a group whose readers left, for writers)
             if writer and not row["expired"]:
                 return Reserved(row["token"])
-            if row["expired"] and link.execute(self._queries.delete_row, params).rowcount:
+            if row["expired"] and link.count(self._queries.delete_row, params):
                 return True
             self._remember(key, now)
             return False
         if row["expired"]:
-            if not link.execute(self._queries.delete_expired_row, params).rowcount:
+            if not link.count(self._queries.delete_expired_row, params):
                 return False  # renewed or taken meanwhile
             logger.warning("lock %r: took over a hold whose lease had ended", key)
             self._counters.add("takeovers")
@@ -99,7 +99,7 @@ class Takeover:
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
             self._remember(key, now)
             return False
-        if not link.execute(self._queries.delete_row, params).rowcount:
+        if not link.count(self._queries.delete_row, params):
             return False
         logger.warning(
             "lock %r: took over the row of process %d, which has exited", key, row["pid"]
@@ -125,6 +125,6 @@ def take_reserved(
             # First, as the insert would: a reader's insert holds it while it waits for
             # the delete, and would deadlock with an insert that asked for it after.
             link.execute(queries.serialise_key, {"key": key})
-        if not link.execute(queries.delete_row, {"key": key, "row": reserved.row}).rowcount:
+        if not link.count(queries.delete_row, {"key": key, "row": reserved.row}):
             return None
         return insert()
