@@ -34,7 +34,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import KazooState, KeeperState
 
 from ...errors import UNREACHABLE, BackendError, LockError
 from ...records import Promise
@@ -115,6 +115,29 @@ class _Handler(SequentialThreadingHandler):  # type: ignore[misc]  # (kazoo is u
         return super().select(rlist, wlist, xlist, timeout)
 
 
+# The client states in which kazoo fails a request at once.
+_REFUSING = (KeeperState.AUTH_FAILED, KeeperState.CLOSED, KeeperState.EXPIRED_SESSION)
+
+
+class _Client(KazooClient):  # type: ignore[misc]
+    """kazoo's client, except that an interrupt that lands while a request is queued
+    goes through: kazoo's own ``_call`` wraps the write that wakes its connection thread
+    in a bare ``except``, so a KeyboardInterrupt raised there vanished and the caller
+    went on waiting (the request failed as "closed", or was answered after all). Raised
+    after the request is queued, the interrupt leaves it in doubt, which the caller's
+    clean-up (``discard(certain=True)``) sweeps."""
+
+    def _call(self, request: Any, async_object: Any) -> bool | None:
+        if self._state in _REFUSING:
+            return bool(super()._call(request, async_object))  # (fails it, as kazoo does)
+        self._queue.append((request, async_object))
+        try:
+            self._connection._write_sock.send(b"\0")
+        except (OSError, AttributeError):  # (closed meanwhile: the socket is gone)
+            async_object.set_exception(ConnectionClosedError("Connection has been closed"))
+        return None
+
+
 class Session:
     """One kazoo client, made at first use (again in a forked child), and the state of
     its session; ``run`` carries out an operation on it. ``promised`` is handed the
@@ -189,7 +212,7 @@ class Session:
         address = self.address
         handler = _Handler(self.connect_timeout)
         handler.connect_by = min(deadline, time.monotonic() + self.connect_timeout)
-        client = KazooClient(
+        client = _Client(
             hosts=address.hosts,
             timeout=self.requested,
             auth_data=None if address.credentials is None else [("digest", address.credentials)],
