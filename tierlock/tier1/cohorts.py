@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from ..backends import LockBackend
+from ..memories import remember
 from ..records import Hold
 
 __all__ = ["COURTESY_PAUSE", "KEEP_TIME", "WANTED_FOR", "Cohorts", "released"]
@@ -62,10 +63,6 @@ WANTED_FOR = 0.1
 # flash-sale runs; with 20 ms, 560-610 (GET_LOCK: 410-450).
 KEEP_TIME = 0.002
 KEPT_COHORT_TIME = 0.02
-# Keys remembered at most in each memory; past this, the memory starts afresh (which
-# costs at most a turn or a statement). A plain dict, as the acquire path reads these:
-# 30-80 ns a call, against about 215 for cachetools' LRUCache and 1.2 µs for its TTLCache.
-REMEMBERED_KEYS = 4096
 
 # When a manager of this process last released each key in the database.
 _released_at: dict[str, float] = {}
@@ -74,7 +71,7 @@ _released_at: dict[str, float] = {}
 def released(key: str) -> None:
     """A manager of this process released ``key`` in the database: no memory of it
     being held elsewhere that is older holds any longer."""
-    _remember(_released_at, key, time.monotonic())
+    remember(_released_at, key, time.monotonic())
 
 
 class Cohorts:
@@ -104,7 +101,7 @@ class Cohorts:
 
     def missed(self, key: str) -> None:
         """A try found ``key`` held elsewhere."""
-        _remember(self._missed_at, key, time.monotonic())
+        remember(self._missed_at, key, time.monotonic())
 
     def missed_without_waiting(self, key: str, missed_before: float | None) -> bool:
         """A try without waiting found ``key`` held elsewhere, as an earlier one did at
@@ -114,11 +111,11 @@ class Cohorts:
         if missed_before is not None:
             missed = self._missed_at.get(key, missed_before)
             if missed - missed_before < CONTENTION_MEMORY:
-                _remember(self._hot_until, key, missed + HOT_MEMORY)
+                remember(self._hot_until, key, missed + HOT_MEMORY)
         now = time.monotonic()
         if now - self._wanted_at.get(key, -WANTED_FOR) < WANTED_FOR / 2:
             return False
-        _remember(self._wanted_at, key, now)
+        remember(self._wanted_at, key, now)
         return True
 
     def won(self, key: str) -> None:
@@ -177,10 +174,3 @@ class Cohorts:
                 hold.cohort_began = now
             return hold.cohort < COHORT_LIMIT and now - hold.cohort_began < KEPT_COHORT_TIME
         return False
-
-
-def _remember(memory: dict[str, float], key: str, value: float) -> None:
-    """Set ``memory[key]``; a memory that grew past REMEMBERED_KEYS starts afresh."""
-    if len(memory) >= REMEMBERED_KEYS and key not in memory:
-        memory.clear()
-    memory[key] = value

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ...memories import remember
 from .holdfile import Directory
 from .names import WAITING, key_name
 
@@ -24,8 +25,6 @@ logger = logging.getLogger(__name__)
 # a poller that left it tries (and marks) again, and as long as tier 1 asks ``want`` to
 # mark a key for (``cohorts.WANTED_FOR``).
 WANTED_MEMORY = 0.1
-# Keys whose marks are remembered at most; past this, the memory starts afresh.
-REMEMBERED_KEYS = 4096
 
 
 class Wanting:
@@ -52,9 +51,7 @@ class Wanting:
         """Whether a mark of ``key`` was there, now or within ``WANTED_MEMORY``."""
         now = time.monotonic()
         if self._files.remove(self._path(key)):
-            if len(self._taken_at) >= REMEMBERED_KEYS and key not in self._taken_at:
-                self._taken_at.clear()
-            self._taken_at[key] = now
+            remember(self._taken_at, key, now)
             return True
         return now - self._taken_at.get(key, now - WANTED_MEMORY) < WANTED_MEMORY
 

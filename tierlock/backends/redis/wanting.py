@@ -19,6 +19,7 @@ import secrets
 import time
 from typing import Any
 
+from ...memories import remember_later
 from ...stats import Counters
 from .layout import Names, milliseconds
 from .scripts import WANTED, Scripts
@@ -31,8 +32,6 @@ __all__ = ["MARK_LIFE", "Wanting"]
 # mark a key for after a lost try (``cohorts.WANTED_FOR``), so that ``want`` has
 # nothing to add to the try's own mark and costs no round trip.
 MARK_LIFE = 0.2
-# Keys whose marks are remembered at most; past this, the memory starts afresh.
-REMEMBERED_KEYS = 4096
 
 
 class Wanting:
@@ -58,7 +57,7 @@ class Wanting:
 
     def lost(self, where: Names, sent: float) -> None:
         """A try sent at ``sent`` (``time.monotonic()``) found the key held: it marked it."""
-        self._remember(where.want, sent + MARK_LIFE)
+        remember_later(self._marked_until, where.want, sent + MARK_LIFE)
 
     def want(self, client: Any, where: Names, seconds: float) -> None:
         """Mark the key wanted for ``seconds``, unless a lost try marked it for as long."""
@@ -67,7 +66,7 @@ class Wanting:
             return
         self._counters.add("statements")
         client.set(where.want, self.tag, px=milliseconds(seconds))
-        self._remember(where.want, until)
+        remember_later(self._marked_until, where.want, until)
 
     def others_waiting(self, client: Any, where: Names) -> bool | None:
         """Whether another backend marked the key or listens on its channel (``None``:
@@ -79,8 +78,3 @@ class Wanting:
         if listeners < 0:
             return None
         return int(listeners) > self._wakeups.listening(where.channel)
-
-    def _remember(self, mark: str, until: float) -> None:
-        if len(self._marked_until) >= REMEMBERED_KEYS and mark not in self._marked_until:
-            self._marked_until.clear()
-        self._marked_until[mark] = max(until, self._marked_until.get(mark, 0.0))

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...keys import user_key
+from ...memories import remember, remember_later
 from .. import Doorbell
 
 __all__ = ["FORCED", "POLLING", "WANTED", "Listener", "channel_name"]
@@ -63,8 +64,6 @@ KNOWN_AFTER = POLLER_MARK + MARK_AHEAD
 # How long a thread waits for the connection that sends marks, busy with another's: a
 # mark must not hold up a try (a lost mark costs a turn, no more).
 MARK_WAIT = 0.01
-# Keys remembered at most in a memory of marks, before those that ended are dropped.
-REMEMBERED_MARKS = 1024
 
 
 def channel_name(table: str) -> str:
@@ -123,7 +122,7 @@ class Listener:
         if self._marked.get(key, 0.0) >= now + seconds + MARK_AHEAD:
             return
         # Noted before it goes out, so that a release heard meanwhile voids it.
-        _remember(self._marked, key, now + POLLER_MARK)
+        remember(self._marked, key, now + POLLER_MARK)
         if not self._mark(POLLING, key, POLLER_MARK):
             self._marked.pop(key, None)
 
@@ -259,15 +258,4 @@ def _heard_mark(marks: dict[str, float], text: str) -> None:
     if not milliseconds.isdigit():
         return
     until = time.monotonic() + min(int(milliseconds) / 1000, POLLER_MARK)
-    key = user_key(key)
-    if until > marks.get(key, 0.0):
-        _remember(marks, key, until)
-
-
-def _remember(memory: dict[str, float], key: str, until: float) -> None:
-    """Set ``memory[key]``; once it holds REMEMBERED_MARKS keys, those past are dropped."""
-    if len(memory) >= REMEMBERED_MARKS and key not in memory:
-        now = time.monotonic()
-        for old in [old for old, ends in list(memory.items()) if ends <= now]:
-            memory.pop(old, None)
-    memory[key] = until
+    remember_later(marks, user_key(key), until)

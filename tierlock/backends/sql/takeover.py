@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ... import process
+from ...memories import remember
 from ...stats import Counters
 from .link import Link
 from .queries import Queries
@@ -28,8 +29,6 @@ logger = logging.getLogger(__name__)
 # How long a holder found alive is not read again: short next to any lease, and well
 # under the second within which a dead holder on this host must be reclaimed.
 HOLDER_MEMORY = 0.05
-# Keys remembered at most; past this, the memory starts afresh.
-REMEMBERED_KEYS = 4096
 
 
 class Reserved(NamedTuple):
@@ -81,7 +80,7 @@ class Takeover:
                 return Reserved(row["token"])
             if row["expired"] and link.count(self._queries.delete_row, params):
                 return True
-            self._remember(key, now)
+            remember(self._alive_until, key, now + HOLDER_MEMORY)
             return False
         if row["expired"]:
             if not link.count(self._queries.delete_expired_row, params):
@@ -94,10 +93,10 @@ class Takeover:
             # mark keeps new readers out for longer than the memory lasts).
             if writer and self._writer_waits(link, key, row["token"], wait):
                 return True
-            self._remember(key, now)
+            remember(self._alive_until, key, now + HOLDER_MEMORY)
             return False
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
-            self._remember(key, now)
+            remember(self._alive_until, key, now + HOLDER_MEMORY)
             return False
         if not link.count(self._queries.delete_row, params):
             return False
@@ -106,12 +105,6 @@ class Takeover:
         )
         self._counters.add("reclaims")
         return True
-
-    def _remember(self, key: str, now: float) -> None:
-        alive_until = self._alive_until
-        if len(alive_until) >= REMEMBERED_KEYS:
-            alive_until.clear()
-        alive_until[key] = now + HOLDER_MEMORY
 
 
 def take_reserved(

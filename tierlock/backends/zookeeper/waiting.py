@@ -29,6 +29,7 @@ from typing import Any
 
 from kazoo.exceptions import KazooException, NoNodeError, NotEmptyError
 
+from ...memories import remember
 from ...stats import Counters
 from .. import Doorbell
 from .nodes import Paths
@@ -50,8 +51,6 @@ LINGER = 1.0
 # processes on a loaded machine: without it, the first winner kept the key for 70-150
 # ms, and its threads got twice the sections of the others'.)
 FRESH = 0.25
-# Marks and queues remembered at most; past this, the memory starts afresh.
-REMEMBERED_KEYS = 4096
 
 Later = Callable[[Callable[[], bool], float], None]
 
@@ -99,9 +98,8 @@ class Waiting:
             return None
         queue = self._queues.get(key)
         if queue is None:
-            if len(self._queues) >= REMEMBERED_KEYS:
-                self._queues.clear()
-            queue = self._queues[key] = _Queue()
+            queue = _Queue()
+            remember(self._queues, key, queue)
         if queue.changed:
             # (the same callback again: kazoo keeps one per path, however often it is set)
             queue.changed = False
@@ -129,9 +127,9 @@ class Waiting:
         with self._mutex:
             mark = self._marks.get(key)
             if mark is None:
-                if len(self._marks) >= REMEMBERED_KEYS:
-                    self._marks.clear()  # (their nodes go with the session, or stay marks)
-                mark = self._marks[key] = _Mark()
+                # (forgotten marks' nodes go with the session, or stay marks)
+                mark = _Mark()
+                remember(self._marks, key, mark)
             mark.pollers += 1
             if client is None or (mark.request is not None and mark.session == session):
                 return
