@@ -210,9 +210,13 @@ class SQLBackend(LockBackend):
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
         params = {"key": key, "owner": owner_id}
+        query = self.queries.delete_owned
+        quietly = self.queries.delete_owned_quietly
+        if quietly is not None and not self._wakeups.announced(user_key(key)):
+            query = quietly
 
         def attempt(link: Link, uncertain: bool) -> bool:
-            if link.count(self.queries.delete_owned, params) == 1:
+            if link.count(query, params) == 1:
                 return True
             # The row is gone. After a dropped connection that may be our own earlier
             # try's doing, but only while the lease surely ran could nobody else (the

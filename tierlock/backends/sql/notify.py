@@ -19,6 +19,12 @@ soon: a poller that won leaves no mark behind for long, and one that lost marks 
 as it goes back to waiting (a try's mark lasts its seconds: the process tries again,
 and tier 1 marks at most so often). So a listener that has listened for longer than
 any mark lasts and heard none knows that nobody waits; before that, it cannot tell.
+
+A release announces itself only while the process cannot tell that nobody waits for
+its key (``WakeUps.announced``): on keys nobody waits for, no listener of any process
+wakes for it. A poller whose first mark is still on its way when the key is released
+misses that release until its pause ends; its pauses begin at 2 ms and double, and
+its mark is heard after about a round trip, so the miss costs a few milliseconds.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ class Queries:
     delete_expired_row: Query
     delete_row: Query
     delete_owned: Query
+    delete_owned_quietly: Query | None = None
     extend_owned: Query
     handoff_owned: Query
     record_holder: Query

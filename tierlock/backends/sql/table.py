@@ -218,9 +218,13 @@ class Statements:
 
         # delete_owned(key, owner): 1 row if the hold was ours and is now released;
         # 0 rows if it is no longer ours (reaped, taken over or force-released). With a
-        # channel (PostgreSQL), the release is announced there with the key.
+        # channel (PostgreSQL), the release is announced there with the key, and
+        # delete_owned_quietly is the same release unannounced, for a key that the
+        # process knows nobody waits for (see ``notify``).
         self.delete_owned: Delete | Select[Any] = delete(table).where(owned)
+        self.delete_owned_quietly: Delete | None = None
         if channel is not None:
+            self.delete_owned_quietly = self.delete_owned
             gone = delete(table).where(owned).returning(c.lock_key).cte("gone")
             self.delete_owned = select(func.pg_notify(plain(channel), gone.c.lock_key))
 

@@ -63,6 +63,11 @@ class WakeUps:
             return self._fifos.waiting(key)
         return None
 
+    def announced(self, key: str) -> bool:
+        """Whether a release of ``key`` must announce itself: unless the listener
+        knows that nobody waits for it (PostgreSQL; elsewhere nothing to announce)."""
+        return self._listener is not None and self._listener.waiting(key) is not False
+
     def want(self, key: str, seconds: float) -> None:
         """Mark ``key`` wanted by this process for ``seconds``, for its holder's
         ``others_waiting``; where nothing can carry the mark, nothing happens."""
