@@ -412,12 +412,8 @@ def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_p
             # and sent statements (commands, requests) for them.
             sent = value(cells[PER_SECTION])
             assert sent > 0, f"{scenario}: {label} sent nothing\n{report}"
-        if scenario == "async-hot":
-            # Holds pass between tasks (threads) of one manager with no statement.
-            for label in ASYNC_ROWS:
-                assert value(found[label][0]) > 0, f"{label} ran no section\n{report}"
-                sent = value(found[label][PER_SECTION])
-                assert sent < 1, f"{label}: a statement per section\n{report}"
+        for label in ASYNC_ROWS:
+            assert value(found[label][0]) > 0, f"{scenario}: {label} ran no section\n{report}"
         section = report.split(f"\n## {scenario}:", 1)[1].split("\n## ", 1)[0]
         summary = section.split("\n### tierlock.aio next to the others\n", 1)[1]
         line = [line for line in summary.splitlines() if line.startswith("|")][2]
@@ -434,6 +430,14 @@ def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_p
         assert aio_threads < 24 and all(count < 24 for count in redis_threads), report
         if scenario == "async-hot":
             assert all(value(cell) > 0 for cell in cells[1 : 2 + others]), report
+    # Holds pass between tasks (threads) of one manager with no statement: a section on
+    # the hot key costs a fraction of one on keys of their own, each through the store.
+    # (Against the store's own cost, not a fixed count: what a cohort's end asks the
+    # store comes with time, and a loaded machine runs few sections in that time.)
+    hot, spread = rows(report, "async-hot"), rows(report, "async-spread")
+    for label in ASYNC_ROWS:
+        passed, stored = (value(found[label][PER_SECTION]) for found in (hot, spread))
+        assert passed < stored / 2, f"{label}: {passed} statements per hot section\n{report}"
     check_charts(report, tmp_path, ASYNC_SCENARIOS)
     check_cleaned_up(db_url, table)
 
