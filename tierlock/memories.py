@@ -9,6 +9,7 @@ a dict takes 30-80 ns a call against about 215 for cachetools' ``LRUCache`` and
 
 from __future__ import annotations
 
+import time
 from typing import TypeVar
 
 __all__ = ["REMEMBERED_KEYS", "remember", "remember_later"]
@@ -28,6 +29,13 @@ def remember(memory: dict[K, V], key: K, value: V) -> None:
 
 
 def remember_later(memory: dict[K, float], key: K, until: float) -> None:
-    """Remember ``until`` for ``key`` unless a later time is remembered already."""
-    if until > memory.get(key, -1.0):
-        remember(memory, key, until)
+    """Remember ``until`` (``time.monotonic()``) for ``key`` unless a later time is
+    remembered already; a full memory first drops the times that have passed, so that
+    what still lasts (a mark that says someone waits) is kept."""
+    if until <= memory.get(key, -1.0):
+        return
+    if len(memory) >= REMEMBERED_KEYS and key not in memory:
+        now = time.monotonic()
+        for old in [old for old, ends in list(memory.items()) if ends <= now]:
+            memory.pop(old, None)
+    remember(memory, key, until)
