@@ -64,9 +64,13 @@ def test_the_layers_add_up_to_the_cpu_measured(db: str, db_url: str, tmp_path: P
     ours, _, bare = found["all"]
     assert float(ours) == pytest.approx(cpu["tierlock"], rel=0.02, abs=0.5), report
     assert float(bare) == pytest.approx(cpu["bare-cursor"], rel=0.02, abs=0.5), report
+    # tierlock's own layers cost the bare cursor nothing, and tierlock something in all.
+    # (Not each on its own: in a short cell on a loaded machine the connections' one-time
+    # set-up swells what the profiler is charged with, and taking that off by calls can
+    # leave a small layer at zero.)
     for layer in TIERLOCK_ONLY:
-        assert float(found[layer][0]) > 0, f"{layer} costs tierlock nothing\n{report}"
         assert float(found[layer][2]) == 0, f"{layer} costs the bare cursor\n{report}"
+    assert sum(float(found[layer][0]) for layer in TIERLOCK_ONLY) > 0, report
     for side in (0, 2):
         section = float(found["critical section: 100 µs busy-wait (not profiled)"][side])
         assert section > 0, f"the busy-wait of each section is counted\n{report}"
