@@ -225,17 +225,26 @@ def proxy(db_url: str) -> Iterator[Proxy]:
 @pytest.fixture
 def proxied(
     direct: tierlock.LockManager, proxy: Proxy, db_url: str, make_manager: MakeManager
-) -> MakeManager:
-    """Make managers whose every connection goes through ``proxy``."""
+) -> Iterator[MakeManager]:
+    """Make managers whose every connection goes through ``proxy``. They are closed
+    before the proxy is: closed after it, a manager with a row left to sweep would
+    spend its ``database_timeout`` on a refused port."""
     url = make_url(db_url).set(host="127.0.0.1", port=proxy.port)
     if url.get_backend_name() == "postgresql":
         # Keep the bytes readable: TLS would hide the statements from the proxy.
         url = url.update_query_dict({"sslmode": "disable"})
+    made: list[tierlock.LockManager] = []
 
     def make(**options: Any) -> tierlock.LockManager:
-        return make_manager(url=url.render_as_string(hide_password=False), **options)
+        manager = make_manager(url=url.render_as_string(hide_password=False), **options)
+        made.append(manager)
+        return manager
 
-    return make
+    yield make
+    proxy.resume()  # (a test that failed may have left it stalled or refusing)
+    proxy.accept_new()
+    for manager in made:
+        manager.close()
 
 
 @pytest.fixture
