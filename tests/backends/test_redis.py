@@ -34,6 +34,7 @@ from tierlock.backends.basics import HANDOFF_BITS
 from tierlock.backends.redis import wanting
 from tierlock.backends.redis.backend import RedisBackend
 from tierlock.backends.redis.layout import names
+from tierlock.backends.redis.running import UNBOUNDED_POOL
 from tierlock.backends.redis.scripts import ACQUIRE, RELEASE
 from tierlock.backends.redis.wire import pack
 from tierlock.urls import ENGINE_SCHEMES
@@ -535,6 +536,31 @@ def test_a_bounded_pool_keeps_a_connection_for_other_work(make_locks: MakeLocks,
     wait_until(lambda: small.stats().heartbeats >= beats + 2, "two renewals")
     assert held.owned() and small.stats().lost_holds == 0
     held.release()
+
+
+def test_a_pool_without_a_bound_is_not_asked_for_each_script(
+    make_locks: MakeLocks, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL that sets no ``max_connections`` gets a pool without a bound (redis-py 8
+    would bound it at 100), so the scripts of acquires and releases keep their
+    connection at hand: after the first, none takes one from the pool."""
+    locks = make_locks()
+    pool = locks._backend._client.connection_pool  # type: ignore[attr-defined]
+    assert pool.max_connections == UNBOUNDED_POOL
+    take(locks, key)
+    checkouts: list[object] = []
+    get_connection = pool.get_connection
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checkouts.append(args)
+        return get_connection(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    for number in range(20):
+        take(locks, f"{key}:{number}")
+    assert checkouts == []
+    bounded = make_locks(f"{SHARED_URL}?max_connections=7")
+    assert bounded._backend._client.connection_pool.max_connections == 7  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -45,12 +45,14 @@ from ...urls import hide_password
 from ..basics import connect_timeout
 from ..gate import Gate
 
-__all__ = ["CLUSTER_SCHEMES", "Runner", "open_client"]
+__all__ = ["CLUSTER_SCHEMES", "UNBOUNDED_POOL", "Runner", "open_client"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# ``max_connections`` of a pool without a bound.
+UNBOUNDED_POOL = 2**31
 # URL schemes of a Redis Cluster, and the scheme redis-py knows each by.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 SCHEMES = ("redis", "rediss", *CLUSTER_SCHEMES)
@@ -106,7 +108,11 @@ def open_client(url: str, timeout: float) -> Any:
     }
     if scheme in CLUSTER_SCHEMES:
         return RedisCluster.from_url(f"{CLUSTER_SCHEMES[scheme]}://{rest}", **options)
-    return redis.Redis.from_url(url, **options)
+    # No bound on the pool unless the URL sets one (its ``max_connections`` wins), as
+    # redis-py's pools had before 8.0 made 100 the default: no thread holds a
+    # connection while it waits, so the pool never holds more than the threads in a
+    # command at once, and ``wire`` keeps an unbounded pool's connections at hand.
+    return redis.Redis.from_url(url, max_connections=UNBOUNDED_POOL, **options)
 
 
 class Runner:

@@ -13,9 +13,10 @@ holds one while it waits), and goes back only after its reply was read whole, so
 never holds a stray reply; a command that fails or is interrupted before that
 disconnects its connection and hands it back to the pool, which reconnects it when it
 is next used. The connections stay the pool's: ``close`` of the client closes them.
-A pool with a bound on its connections (``?max_connections=``) gets each connection
-back after its command, so the client's other work (renewals, ``info``) never finds the
-pool emptied into the idle list. A forked child makes a new ``Wire`` on its new client.
+A pool with a bound on its connections (a URL's ``?max_connections=``) gets each
+connection back after its command, so the client's other work (renewals, ``info``)
+never finds the pool emptied into the idle list. A forked child makes a new ``Wire`` on
+its new client.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-__all__ = ["Wire", "pack"]
+from .running import UNBOUNDED_POOL
 
-# redis-py's ``max_connections`` when none is set: a pool without a bound.
-UNBOUNDED_POOL = 2**31
+__all__ = ["Wire", "pack"]
 
 
 def pack(parts: tuple[object, ...]) -> bytes:
