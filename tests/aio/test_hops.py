@@ -21,6 +21,8 @@ def test_each_caller_gets_its_own_outcome_when_answers_come_together() -> None:
     def work(number: int) -> int:
         if number % 7 == 0:
             raise ValueError(number)
+        if number == 100:
+            raise StopIteration  # (no future may hold it: it comes as a RuntimeError)
         return number * 2
 
     async def main() -> list[int | BaseException]:
@@ -33,6 +35,8 @@ def test_each_caller_gets_its_own_outcome_when_answers_come_together() -> None:
     for number, outcome in enumerate(outcomes):
         if number % 7 == 0:
             assert isinstance(outcome, ValueError) and outcome.args == (number,)
+        elif number == 100:
+            assert isinstance(outcome, RuntimeError)
         else:
             assert outcome == number * 2
 
