@@ -248,7 +248,7 @@ def test_redis_zookeeper_and_file_locks_exclude_and_the_run_cleans_up(
     and renewal, in one short run."""
     output = tmp_path / "results.md"
     table = f"bench_{uuid.uuid4().hex[:12]}"
-    scenarios = (*SCENARIOS, "flash-sale")
+    scenarios = (*SCENARIOS, "hot-1x8", "flash-sale")
     result = run_bench(
         *("--db", db, "--dburi", f"{db}={db_url}", "--table", table, "--output", str(output)),
         *(f"--scenario={scenario}" for scenario in (*scenarios, "renewal", "acquire-release")),
@@ -260,12 +260,19 @@ def test_redis_zookeeper_and_file_locks_exclude_and_the_run_cleans_up(
     assert report in result.stdout
     assert "\n## acquire-release" not in report, "the bare driver's statements are SQL's"
 
-    hot = check_locks(report, "hot-4x4", db)
-    check_locks(report, "uncontended", db)
+    check_locks(report, "hot-4x4", db)
+    alone = check_locks(report, "uncontended", db)
+    one_process = check_locks(report, "hot-1x8", db)
     check_uncontended_counts(report)
-    # Holds pass between the threads of a process with no request (file-system call).
-    for label in LOCKS[db][1:]:
-        assert value(hot["tierlock"][PER_SECTION]) < value(hot[label][PER_SECTION]), report
+    # Holds pass between the threads of a process with no request (file-system call):
+    # with no other process after the key, a hot section costs a fraction of one
+    # through the store. (Not hot-4x4 against the peers: there cohorts end after 5 ms
+    # for the other processes, so on a loaded machine fewer sections share their
+    # requests, while a polling peer's requests go with time too; in a 0.1 s cell at
+    # a load average of 6, tierlock's 17.6 per section on a lock directory met
+    # filelock's 17.5, and on ZooKeeper 2.4-2.7 passed its own 2.0 through the store.)
+    through_store = value(alone["tierlock"][PER_SECTION])
+    assert value(one_process["tierlock"][PER_SECTION]) < through_store / 2, report
 
     sales = rows(report, "flash-sale")
     assert list(sales) == [*LOCKS[db], FLOORS[db]], report
