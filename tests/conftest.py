@@ -92,10 +92,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups into the node ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Drop the cases that a parameter marks ``sql_only`` (a semaphore among kinds of
     handle, say) on the other engines; ``pytest_generate_tests`` sees only the marks of
-    whole tests."""
+    whole tests. Run the benchmark's tests of one database server one after another."""
     dropped = [
         item
         for item in items
@@ -106,6 +107,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item not in dropped]
+    for item in items:
+        _one_bench_run_per_server(item)
+
+
+# Database servers whose connections a benchmark's run may use up: one run of
+# ``python -m bench`` on PostgreSQL held 49 at once, and two side by side met
+# PostgreSQL's default limit of 100 ("too many clients already").
+CONNECTION_BOUND = ("mariadb", "postgresql")
+
+
+def _one_bench_run_per_server(item: pytest.Item) -> None:
+    """Put a benchmark test on a server with a bound on its connections in that
+    server's xdist group (unless it is in a group of its own already)."""
+    callspec = getattr(item, "callspec", None)
+    db = None if callspec is None else callspec.params.get("db")
+    if (
+        db in CONNECTION_BOUND
+        and item.path.name.startswith("test_bench")
+        and item.get_closest_marker("xdist_group") is None
+    ):
+        item.add_marker(pytest.mark.xdist_group(f"bench-{db}"))
 
 
 @pytest.fixture
