@@ -11,11 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tierlock.aio import AsyncLockManager
+from tierlock.aio.core import DOORBELL_THREADS, STATEMENT_THREADS
 
 T = TypeVar("T")
 
 # The longest any step of a test may take on a slow, busy machine.
 LONG = 30.0
+# The threads an async manager may add to a process, whatever its number of tasks:
+# statement and doorbell threads, and a few more (the heartbeat and lease clock, a
+# listener on PostgreSQL, a marks thread on MariaDB).
+FEW_THREADS = STATEMENT_THREADS + DOORBELL_THREADS + 4
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:

@@ -24,6 +24,7 @@ from typing import Any
 import procs
 import pytest
 import redis
+from aiohelpers import FEW_THREADS
 from engines import SQL, left_over, require_server
 
 from tierlock.backends.files.names import parse_url
@@ -437,17 +438,17 @@ def test_asyncio_scenarios_exclude_and_report_ratios(db: str, db_url: str, tmp_p
         assert sync_threads > workers, f"a thread per worker, and the manager's\n{report}"
         # The tasks share the loop's thread, and the manager a few of its own (statements,
         # doorbells, heartbeat), whatever the number of tasks.
-        assert aio_threads < 24 and all(count < 24 for count in redis_threads), report
+        assert aio_threads <= FEW_THREADS + 2, report  # (+ the main and the loop's threads)
+        assert all(count < 24 for count in redis_threads), report
         if scenario == "async-hot":
             assert all(value(cell) > 0 for cell in cells[1 : 2 + others]), report
     # Holds pass between tasks (threads) of one manager with no statement: a section on
-    # the hot key costs a fraction of one on keys of their own, each through the store.
-    # (Against the store's own cost, not a fixed count: what a cohort's end asks the
-    # store comes with time, and a loaded machine runs few sections in that time.)
-    hot, spread = rows(report, "async-hot"), rows(report, "async-spread")
+    # the hot key costs under half of the two statements of a section through the store
+    # alone. (Not against the spread row: there, sections share statements.)
+    hot = rows(report, "async-hot")
     for label in ASYNC_ROWS:
-        passed, stored = (value(found[label][PER_SECTION]) for found in (hot, spread))
-        assert passed < stored / 2, f"{label}: {passed} statements per hot section\n{report}"
+        passed = value(hot[label][PER_SECTION])
+        assert passed < 1.0, f"{label}: {passed} statements per hot section\n{report}"
     check_charts(report, tmp_path, ASYNC_SCENARIOS)
     check_cleaned_up(db_url, table)
 

@@ -56,9 +56,10 @@ def test_the_layers_add_up_to_the_cpu_measured(db: str, db_url: str, tmp_path: P
     assert set(cpu) == {"tierlock", "bare-cursor"}, report
     sent = [float(value) for value in re.findall(r"; ([\d.]+) statements per", report)]
     assert len(sent) == 2, report
-    # An insert and a delete, each counted once; tierlock's threads also pass the odd
-    # hold between them with none.
-    assert 1.5 <= sent[0] <= 2.5 and 2 <= sent[1] <= 2.5, report
+    # An insert and a delete, each counted once; tierlock's four threads also share
+    # statements (one insert or delete for those that meet) and pass the odd hold
+    # between them with none.
+    assert 0.5 <= sent[0] <= 2.5 and 2 <= sent[1] <= 2.5, report
 
     found = layer_rows(report)
     ours, _, bare = found["all"]

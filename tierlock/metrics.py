@@ -49,6 +49,7 @@ COUNTERS = {
     "reentrant_acquisitions": "Acquires by a thread that already held the key.",
     "local_waits": "Acquires that queued behind another thread of the process.",
     "statements": "SQL statements sent on the lock table.",
+    "shared_statements": "SQL statements that carried several threads' acquires or releases.",
     "doorbell_queries": "MariaDB/MySQL named-lock queries that wake pollers.",
     "wakeups": "SQLite: pollers of other processes woken after a row left.",
     "inserts": "Lock rows inserted: holds won in the database.",

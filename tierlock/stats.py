@@ -26,6 +26,8 @@ class LockStats:
     statements: int = 0
     doorbell_queries: int = 0  #: MariaDB/MySQL named-lock queries that wake pollers
     wakeups: int = 0  #: SQLite: pollers of other processes woken after a row left
+    #: SQL statements that carried the inserts or releases of several threads at once
+    shared_statements: int = 0
     inserts: int = 0  #: lock rows inserted (holds won in the database, keys or nodes made)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
     takeovers: int = 0  #: expired rows of other holders replaced by ours

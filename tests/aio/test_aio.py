@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from aiohelpers import LONG, Opener, rows, run, run_with_one_worker
+from aiohelpers import FEW_THREADS, LONG, Opener, rows, run, run_with_one_worker
 from conftest import MakeManager
 from engines import keeps_expired
 
@@ -377,7 +377,7 @@ def test_threads_stay_few(opener: Opener, key: str) -> None:
                     await asyncio.sleep(0.01)
 
             await asyncio.gather(*(hold(lock) for lock in holds))
-            assert threading.active_count() - before <= 16
+            assert threading.active_count() - before <= FEW_THREADS
         await asyncio.sleep(0)
 
     run(main)

@@ -12,14 +12,11 @@ from typing import Any
 
 import procs
 import pytest
-from aiohelpers import LONG, Opener, run
+from aiohelpers import FEW_THREADS, LONG, Opener, run
 
 from tierlock.aio import AsyncLockManager
 
 TASKS = 1000
-# The threads an async manager may add to a process, whatever its number of tasks:
-# statement and doorbell threads, the heartbeat, and a listener on PostgreSQL.
-FEW_THREADS = 16
 # How often the thread count is looked at while the tasks wait.
 LOOKS = 20
 

@@ -1,11 +1,11 @@
 """The SQL backend: holds as rows of one table, on SQLite, MariaDB/MySQL (pymysql) and
-PostgreSQL (psycopg 3). Statements and their failures: ``running``; the table and every
-statement: ``table``; wake-ups: ``wakeups``."""
+PostgreSQL (psycopg 3). Statements and their failures: ``running``; statements that
+threads share: ``batches``; the table and every statement: ``table``; wake-ups:
+``wakeups``; inspecting and cleaning the table: ``admin``."""
 
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,11 +13,13 @@ from typing import Any
 from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
 
-from ...keys import MARK, is_reader_key, user_key
-from ...records import LockInfo, Owner
+from ...keys import is_reader_key, user_key
+from ...records import Owner
 from ...stats import Counters
 from .. import Doorbell, LockBackend
 from ..basics import MAX_HANDOFFS, check_table_name, fencing_token
+from .admin import TableAdmin
+from .batches import ALONE, UNSURE, Batches, Insert, Inserted, Release, Released
 from .engine import (
     DEFAULT_TIMEOUT,
     PAUSED_FOR_FORKS,
@@ -32,14 +34,13 @@ from .inserts import ExclusiveInsert, exclusive_params
 from .link import Link
 from .notify import channel_name
 from .queries import Queries, Query
-from .rows import insert_params, listed_params, row_info
+from .rows import insert_params, listed_params
 from .running import SPARE_CONNECTIONS, Runner
 from .schema import prepare_table
 from .shared import SharedQueries, SharedStatements
 from .sharing import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
 from .table import (
-    REAP_BATCH,
     Statements,
     lock_table,
 )
@@ -49,11 +50,9 @@ from .watchdog import Watchdog
 
 __all__ = ["SQLBackend"]
 
-logger = logging.getLogger(__name__)
 
-
-class SQLBackend(LockBackend):
-    """Holds as rows of one table."""
+class SQLBackend(TableAdmin, LockBackend):
+    """Holds as rows of one table; what only administrators do: ``TableAdmin``."""
 
     MAX_HANDOFFS = MAX_HANDOFFS
 
@@ -109,7 +108,8 @@ class SQLBackend(LockBackend):
         self._sweeper = Sweeper(self._sweep)
         self.sql = Statements(self.table, self.dialect_name, channel)
         self.queries = Queries(self.sql, self._engine.dialect)
-        self._exclusive_insert = ExclusiveInsert(self.sql, self._engine.dialect)
+        self._exclusive_insert = ExclusiveInsert(self.sql, self._engine.dialect, self.table)
+        self._batches = Batches(self, self._runner, self._exclusive_insert)
         shared = SharedStatements(self.table, self.dialect_name, channel)
         self._shared_queries = SharedQueries(shared, self._engine.dialect)
         self.shared: SQLSharedHolds = SQLSharedHolds(self, self._shared_queries)
@@ -178,16 +178,30 @@ class SQLBackend(LockBackend):
             params = {**insert_params(owner, ttl, lease), "key": key}
         else:
             params = exclusive_params(key, owner, ttl, lease)
+        doubts = self._runner.doubts
+        first: Inserted = ALONE
+        if query is not None and self._batches.shared and owner.owner_id not in doubts:
+            first = self._batches.inserts.ask(Insert(key, owner, params, limit))
+            if isinstance(first, int):
+                self._takeover.forget(key)
+                return first
         queries = self.queries
 
         def attempt(link: Link, uncertain: bool) -> int | None:
+            nonlocal first
+            token = None
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
                 token = self._owned_token(link, key, owner.owner_id)
                 if token is not None:
                     return token
-            self.limit_busy_wait(link, limit)
-            token = self._insert(link, params, query)
+            if first is None:  # (a shared insert found the key held just now)
+                first = ALONE
+            else:
+                self.limit_busy_wait(link, limit)
+                token = self._insert(link, params, query)
+                if token is None and uncertain:  # (the doubtful insert may have come last)
+                    token = self._owned_token(link, key, owner.owner_id)
             if token is None:
                 freed = self._takeover.free_held_row(link, key, wait=limit)
                 if isinstance(freed, Reserved):
@@ -204,15 +218,30 @@ class SQLBackend(LockBackend):
         token = self._run("acquire", key, attempt, on_contention=lambda: None, owner=owner.owner_id)
         if token is not None:
             self._takeover.forget(key)
-            if self._runner.doubts:
-                self._runner.doubts.pop(owner.owner_id, None)
+            if doubts:
+                doubts.pop(owner.owner_id, None)
         return token
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:
+        announce = self._wakeups.announced(user_key(key))
+        gone: Released = ALONE
+        if self._batches.shared:
+            gone = self._batches.releases.ask(Release(key, owner_id, announce))
+        if not isinstance(gone, bool):
+            gone = self._release_alone(key, owner_id, live_until, announce, gone is UNSURE)
+        if gone:
+            self._wakeups.released(user_key(key))
+        return gone
+
+    def _release_alone(
+        self, key: str, owner_id: str, live_until: float, announce: bool, unsure: bool
+    ) -> bool:
+        """Release with a statement of its own, retried; ``unsure``: an earlier one may
+        have released it."""
         params = {"key": key, "owner": owner_id}
         query = self.queries.delete_owned
         quietly = self.queries.delete_owned_quietly
-        if quietly is not None and not self._wakeups.announced(user_key(key)):
+        if quietly is not None and not announce:
             query = quietly
 
         def attempt(link: Link, uncertain: bool) -> bool:
@@ -221,11 +250,9 @@ class SQLBackend(LockBackend):
             # The row is gone. After a dropped connection that may be our own earlier
             # try's doing, but only while the lease surely ran could nobody else (the
             # reaper, a waiter taking over) have removed it; after that, it is lost.
-            return uncertain and time.monotonic() < live_until
+            return (uncertain or unsure) and time.monotonic() < live_until
 
         released: bool = self._run("release", key, attempt)
-        if released:
-            self._wakeups.released(user_key(key))
         return released
 
     def handoff(
@@ -304,36 +331,6 @@ class SQLBackend(LockBackend):
         give_up = time.monotonic() + self.timeout * 1.5
         self._sweeper.add(Sweep(key, owner_id, alive, give_up))
 
-    def _sweep(self, item: Sweep) -> bool:
-        """Delete ``item``'s row once its sessions are over; ``False``: not yet."""
-        queries = self.queries
-        params = {"key": item.key, "owner": item.owner_id}
-        deleted = False
-
-        def attempt(link: Link, uncertain: bool) -> bool:
-            nonlocal deleted
-            if item.sessions and time.monotonic() < item.give_up:
-                for session in item.sessions:
-                    if link.execute(queries.session_alive, {"session": session}).rows:
-                        return False
-            if is_reader_key(item.key):  # (counted out of its group as it goes)
-                steps = self.shared.steps
-                group = steps.discard_reader(link, item.key, item.owner_id)
-                if group is not None:
-                    steps.drop_if_empty(link, user_key(item.key), group)
-                gone = group is not None
-            else:
-                gone = link.execute(queries.delete_owned, params).rowcount > 0
-            if gone:
-                logger.warning("lock %r: deleted a row its interrupted owner left", item.key)
-                deleted = True
-            return True
-
-        done: bool = self._run("sweep", item.key, attempt)
-        if deleted:
-            self._wakeups.released(user_key(item.key))
-        return done
-
     def extend(self, key: str, owner_id: str, ttl: float, lease: float | None) -> bool:
         params = {"key": key, "owner": owner_id, "ttl": ttl, "lease": lease}
         return self._run(
@@ -341,61 +338,6 @@ class SQLBackend(LockBackend):
             key,
             lambda link, _: link.count(self.queries.extend_owned, params) == 1,
         )
-
-    def is_locked(self, key: str) -> bool:
-        return self._run(
-            "locked",
-            key,
-            lambda link, _: bool(link.execute(self.queries.select_live, {"key": key}).rows),
-        )
-
-    def info(self, key: str) -> LockInfo | None:
-        def attempt(link: Link, uncertain: bool) -> LockInfo | None:
-            rows = link.execute(self.queries.select_info, {"key": key}).records()
-            return row_info(rows[0]) if rows else None
-
-        return self._run("info", key, attempt)
-
-    def holders(self) -> list[LockInfo]:
-        return self._run(
-            "holders",
-            None,
-            lambda link, _: [
-                row_info(row) for row in link.execute(self.queries.select_all).records()
-            ],
-        )
-
-    def force_release(self, key: str) -> bool:
-        params = {"key": key, "under": key + MARK, "above": key + chr(ord(MARK) + 1)}
-        queries = self.queries
-
-        def attempt(link: Link, uncertain: bool) -> bool:
-            deleted = link.execute(queries.delete_key, params).rowcount > 0
-            if deleted and queries.notify_forced is not None:
-                link.execute(queries.notify_forced, {"key": key})
-            return deleted
-
-        deleted: bool = self._run("force_release", key, attempt)
-        if deleted:
-            self._wakeups.released(key)
-        return deleted
-
-    def reap(self) -> int:
-        total = 0
-        while count := self._run(
-            "reap", None, lambda link, _: self.shared.steps.reap_readers(link)
-        ):
-            total += count
-        while True:
-            deleted: int = self._run(
-                "reap",
-                None,
-                lambda link, _: link.execute(self.queries.delete_expired_batch).rowcount,
-            )
-            total += deleted
-            if deleted < REAP_BATCH:
-                self.counters.add("reaped", total)
-                return total
 
     def announce(self, key: str) -> None:
         """A row of ``key`` was deleted or changed: wake pollers elsewhere."""
@@ -417,6 +359,7 @@ class SQLBackend(LockBackend):
         # SQLAlchemy's advice for a child process: new pool, parent's sockets untouched.
         self._base_engine.dispose(close=False)
         self._runner.after_fork()
+        self._batches.after_fork()
         if self.dialect_name == "sqlite":  # (the child's own forks wait for its gate)
             pause_forks_for(self._runner.gate)
         self._sweeper.forget()  # the parent sweeps its own rows

@@ -1,4 +1,5 @@
-"""The insert of an exclusive hold with the process's own values in its SQL.
+"""The insert of an exclusive hold with the process's own values in its SQL, for one
+row or for several acquires that share a statement (see ``batches``).
 
 Of the fourteen values of ``Statements.insert_if_absent``, eight are the same at every
 exclusive acquire of a process: its host, host identity, pid and start time, and the
@@ -10,25 +11,42 @@ sends them all as parameters, through ``insert_if_absent``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, Integer, String, cast, literal_column, null
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    cast,
+    insert,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.expression import ColumnElement, Insert
 
 from ...records import Owner
-from .columns import plain
+from .columns import MYSQL_FAMILY, plain
 from .queries import Query
-from .table import HOLDER
+from .table import holder_values, key_serialiser
 
 if TYPE_CHECKING:
+    from sqlalchemy import Table
+
     from .table import Statements
 
-__all__ = ["ExclusiveInsert", "exclusive_params"]
+__all__ = ["ExclusiveInsert", "exclusive_params", "rows_params"]
 
 # What names a process in its rows: host, host identity, pid, start time (see Owner).
 Process = tuple[str, str | None, int, int | None]
-# Processes whose statement is kept at most (past this, the memory starts afresh).
-REMEMBERED_PROCESSES = 8
+# Statements kept at most (past this, the memory starts afresh): one per process and
+# number of rows. More than one process only where owners of other processes are made
+# up, or after forks.
+REMEMBERED_STATEMENTS = 64
 
 
 def exclusive_params(key: str, owner: Owner, ttl: float, lease: float | None) -> dict[str, Any]:
@@ -44,47 +62,115 @@ def exclusive_params(key: str, owner: Owner, ttl: float, lease: float | None) ->
     }
 
 
+def rows_params(params: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of ``ExclusiveInsert.rows``'s statement for rows of ``params``
+    (each of ``exclusive_params``), in the order given."""
+    return {
+        f"{name}_{index}": value
+        for index, each in enumerate(params)
+        for name, value in each.items()
+    }
+
+
 class ExclusiveInsert:
     """``insert_if_absent`` for exclusive holds, compiled for the process that asks."""
 
-    def __init__(self, statements: Statements, dialect: Dialect) -> None:
+    def __init__(self, statements: Statements, dialect: Dialect, table: Table) -> None:
         self._statements = statements
         self._dialect = dialect
-        # The queries compiled, by process (None: its values are not plain). More than
-        # one only where owners of other processes are made up, or after forks.
-        self._made: dict[Process, Query | None] = {}
+        self._table = table
+        # The queries compiled, by process and rows (None: its values are not plain).
+        self._made: dict[tuple[Process, int], Query | None] = {}
+
+    @property
+    def inserts_rows(self) -> bool:
+        """Whether the database can insert several rows and say which it inserted
+        (MariaDB from 10.5, which the dialect knows once it has connected; not MySQL)."""
+        return self._dialect.name not in MYSQL_FAMILY or bool(self._dialect.insert_returning)
 
     def query(self, owner: Owner) -> Query | None:
         """The statement for ``owner``'s process (parameters: ``exclusive_params``), or
         ``None`` if its values must be sent as parameters."""
+        return self.rows(owner, 0)
+
+    def rows(self, owner: Owner, count: int) -> Query | None:
+        """With ``count`` rows (0: the one-row form of ``query``), the statement that
+        inserts those of ``owner``'s process whose keys are free, in the order given,
+        and returns their tokens and owner ids (parameters: ``rows_params``); ``None``
+        if the process's values must be sent as parameters."""
         process = (owner.host, owner.host_id, owner.pid, owner.proc_start)
         try:
-            return self._made[process]
+            return self._made[process, count]
         except KeyError:
             pass
-        if len(self._made) >= REMEMBERED_PROCESSES:
+        if len(self._made) >= REMEMBERED_STATEMENTS:
             self._made = {}
-        query = self._made[process] = self._compile(process)
+        query = self._made[process, count] = self._compile(process, count)
         return query
 
-    def _compile(self, process: Process) -> Query | None:
-        host, host_id, pid, started = process
+    def _compile(self, process: Process, count: int) -> Query | None:
         try:
-            values = {
-                **HOLDER,
-                "host": plain(host),
-                "pid": literal_column(str(int(pid)), Integer),
-                "host_id": cast(null(), String) if host_id is None else plain(host_id),
-                "proc_start": (
-                    cast(null(), BigInteger)
-                    if started is None
-                    else literal_column(str(int(started)), BigInteger)
-                ),
-                "mode": cast(null(), String),
-                "members": cast(null(), Integer),
-                "permits": cast(null(), Integer),
-                "parent": cast(null(), BigInteger),
-            }
+            fixed = _process_values(process)
         except (TypeError, ValueError):  # (not plain text, or not a number)
             return None
-        return Query.compile(self._statements.insert_of(values), self._dialect)
+        if not count:
+            statement = self._statements.insert_of({**holder_values(), **fixed})
+        else:
+            rows = [{**holder_values(f"_{index}"), **fixed} for index in range(count)]
+            statement = self._insert_rows(rows)
+        return Query.compile(statement, self._dialect)
+
+    def _insert_rows(self, rows: list[dict[str, ColumnElement[Any]]]) -> Insert:
+        """``Statements.insert_of`` for several rows: PostgreSQL serialises each row's
+        key before its token is drawn, in the order given (sorted keys keep two such
+        statements from waiting for each other); MariaDB's INSERT ... SELECT holds the
+        table's AUTO-INC lock to the statement's end; SQLite has one writer."""
+        table, c = self._table, self._table.c
+        names = list(rows[0])
+        name = self._dialect.name
+        if name == "sqlite":
+            return (
+                sqlite.insert(table)
+                .values(rows)
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+                .returning(c.token, c.owner_id)
+            )
+        selects = []
+        for values in rows:
+            row = select(*(value.label(column) for column, value in values.items()))
+            if name == "postgresql":
+                row = row.select_from(key_serialiser(table, values["lock_key"]).subquery())
+            selects.append(row)
+        if name == "postgresql":
+            return (
+                postgresql.insert(table)
+                .from_select(names, union_all(*selects))
+                .on_conflict_do_nothing(index_elements=[c.lock_key])
+                .returning(c.token, c.owner_id)
+            )
+        # (IGNORE, as in insert_of: every value is checked or cut to size before.)
+        return (
+            insert(table)
+            .from_select(names, union_all(*selects))
+            .prefix_with("IGNORE")
+            .returning(c.token, c.owner_id)
+        )
+
+
+def _process_values(process: Process) -> dict[str, ColumnElement[Any]]:
+    """The values of a row that are the same for every exclusive hold of ``process``."""
+    host, host_id, pid, started = process
+    return {
+        "host": plain(host),
+        "pid": literal_column(str(int(pid)), Integer),
+        "host_id": cast(null(), String) if host_id is None else plain(host_id),
+        "proc_start": (
+            cast(null(), BigInteger)
+            if started is None
+            else literal_column(str(int(started)), BigInteger)
+        ),
+        "mode": cast(null(), String),
+        "members": cast(null(), Integer),
+        "permits": cast(null(), Integer),
+        "parent": cast(null(), BigInteger),
+    }

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.engine import Engine
@@ -50,7 +50,7 @@ from .queries import Query
 if TYPE_CHECKING:
     from .watchdog import Watchdog
 
-__all__ = ["SPARE_CONNECTIONS", "Runner"]
+__all__ = ["SPARE_CONNECTIONS", "Runner", "Unshared"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,15 @@ LONGEST_RETRY_PAUSE = 0.5
 SPARE_CONNECTIONS = 4
 
 _CONTENTION, _CONNECTION, _FATAL = "contention", "connection", "fatal"
+
+
+class Unshared(Exception):
+    """A statement shared between threads failed (see ``Runner.once``): each of them
+    goes its own way. ``unsure``: it may have taken effect."""
+
+    def __init__(self, unsure: bool) -> None:
+        super().__init__("unsure" if unsure else "nothing written")
+        self.unsure = unsure
 
 
 class Runner:
@@ -259,6 +268,48 @@ class Runner:
             if now >= give_up or (kind == _CONNECTION and tries >= ATTEMPTS):
                 raise BackendError(self.message(what, last, tries), key) from last
             time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, give_up - now))
+
+    def once(
+        self, what: str, keys: int, attempt: Callable[[Link], T], owners: Sequence[str] = ()
+    ) -> T:
+        """One try of ``attempt`` (operation ``what`` of ``keys`` keys), not retried, for
+        a statement that threads share (see ``combining``): a failure is ``Unshared``, after which
+        each thread tries its own way; one that may have taken effect leaves ``owners``
+        in doubt, as ``run`` does, so that their next try starts by checking. As in
+        ``run``, a first connection that fails is a ``BackendError`` at once (not tried
+        again by each thread); interrupts pass."""
+        gate = self.gate
+        try:
+            gate.enter()
+        except LockError as exc:  # (closed: each thread is told so its own way)
+            raise Unshared(unsure=False) from exc
+        link: Link | None = None
+        try:
+            link = self._link()
+            return self._watched(link, lambda link, _: attempt(link), False)
+        except DBAPIError as exc:
+            kind = self._kind(exc)
+            if kind == _CONNECTION and link is None and not has_connected(self.engine):
+                raise BackendError(self.message(what, exc)) from exc
+            logger.debug("%s of %d keys hit %s, each alone now: %s", what, keys, kind, exc.orig)
+            unsure = kind == _CONNECTION
+            if unsure:
+                self._doubt_all(owners, link)
+            raise Unshared(unsure) from exc
+        except Exception as exc:  # (the pool timed out, or the driver failed its own way)
+            self._doubt_all(owners, link)
+            raise Unshared(unsure=True) from exc
+        except BaseException:
+            self._doubt_all(owners, link)
+            raise
+        finally:
+            if link is not None:
+                link.close()
+            gate.leave()
+
+    def _doubt_all(self, owners: Sequence[str], link: Link | None) -> None:
+        for owner in owners:
+            self._doubt(owner, link)
 
     def _watched(self, link: Link, attempt: Callable[[Link, bool], T], uncertain: bool) -> T:
         """``attempt`` on ``link``, cut off by the watchdog if the server does not answer."""

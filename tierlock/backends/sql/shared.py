@@ -28,8 +28,8 @@ from .table import (
     SHARED,
     _between,
     _expired,
-    _listed,
     key_serialiser,
+    listed,
 )
 
 __all__ = ["SharedQueries", "SharedStatements"]
@@ -161,10 +161,10 @@ class SharedStatements:
         in the same statement, so that a group always outlasts its renewed members."""
         c = self._table.c
         groups: list[ColumnElement[Any]] = [bindparam(f"g{index}") for index in range(size)]
-        listed = _listed(self._table, size) & c.lease.isnot(None)
+        named = listed(self._table, size) & c.lease.isnot(None)
         return (
             update(self._table)
-            .where((listed | ((c.mode == GROUP) & c.lock_key.in_(groups))) & ~_expired(self._table))
+            .where((named | ((c.mode == GROUP) & c.lock_key.in_(groups))) & ~_expired(self._table))
             .values(expires_at=utc_after(c.lease))
         )
 

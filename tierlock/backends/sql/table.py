@@ -57,7 +57,9 @@ __all__ = [
     "RESERVED",
     "SHARED",
     "Statements",
+    "holder_values",
     "key_serialiser",
+    "listed",
     "lock_table",
 ]
 
@@ -77,11 +79,12 @@ PERMIT = "permit"
 RESERVED = "reserved"
 
 
-def key_serialiser(table: Table) -> Select[Any]:
+def key_serialiser(table: Table, key: ColumnElement[Any] | None = None) -> Select[Any]:
     """PostgreSQL: ``SELECT pg_advisory_xact_lock(...) AS locked`` (``locked`` is never
-    NULL), the lock on ``key`` of ``table`` that a transaction holds from before it draws
-    a token for the key's holds to its end; see ``Statements.insert_if_absent``."""
-    key_hash = func.hashtext(bindparam("key"))
+    NULL), the lock on ``key`` (default: the parameter ``key``) of ``table`` that a
+    transaction holds from before it draws a token for the key's holds to its end; see
+    ``Statements.insert_if_absent``."""
+    key_hash = func.hashtext(bindparam("key") if key is None else key)
     # (The table's name is written into the SQL: one parameter less to send.)
     locked = func.pg_advisory_xact_lock(func.hashtext(plain(table.name)), key_hash)
     return select(locked.label("locked"))
@@ -139,16 +142,23 @@ def lock_table(name: str, metadata: MetaData | None = None) -> Table:
     )
 
 
+def holder_values(suffix: str = "") -> dict[str, ColumnElement[Any]]:
+    """The values of an inserted row that vary with each acquire, bound as ``key``,
+    ``owner``, ``thread``, ``thread_label``, ``ttl`` and ``lease``, each name followed by
+    ``suffix`` (a row of a multi-row insert)."""
+    return {
+        "lock_key": bindparam("key" + suffix),
+        "owner_id": bindparam("owner" + suffix),
+        "thread_id": bindparam("thread" + suffix),
+        "thread_name": bindparam("thread_label" + suffix),
+        "acquired_at": utc_now(),
+        "expires_at": utc_after(bindparam("ttl" + suffix, type_=Float)),
+        "lease": bindparam("lease" + suffix, type_=Float),
+    }
+
+
 # The values of an inserted row that vary with each acquire.
-HOLDER: dict[str, ColumnElement[Any]] = {
-    "lock_key": bindparam("key"),
-    "owner_id": bindparam("owner"),
-    "thread_id": bindparam("thread"),
-    "thread_name": bindparam("thread_label"),
-    "acquired_at": utc_now(),
-    "expires_at": utc_after(bindparam("ttl", type_=Float)),
-    "lease": bindparam("lease", type_=Float),
-}
+HOLDER = holder_values()
 
 
 def _expired(table: Table) -> ColumnElement[bool]:
@@ -182,6 +192,7 @@ class Statements:
         # The dialect's insert-if-absent form means contention raises no error and
         # writes no line to the server's log.
         self._dialect_name = dialect_name
+        self.channel = channel  # (PostgreSQL: where releases are announced)
         self.insert_if_absent: Insert = self.insert_of(
             {
                 **HOLDER,
@@ -352,14 +363,14 @@ class Statements:
         c = self._table.c
         return (
             update(self._table)
-            .where(_listed(self._table, size) & c.lease.isnot(None) & ~_expired(self._table))
+            .where(listed(self._table, size) & c.lease.isnot(None) & ~_expired(self._table))
             .values(expires_at=utc_after(c.lease))
         )
 
     def select_live_owned(self, size: int) -> Select[Any]:
         """The owner ids of the listed rows still ours with a live lease."""
         return select(self._table.c.owner_id).where(
-            _listed(self._table, size) & ~_expired(self._table)
+            listed(self._table, size) & ~_expired(self._table)
         )
 
 
@@ -372,7 +383,7 @@ def _between(table: Table) -> ColumnElement[bool]:
     return (table.c.lock_key > bindparam("under")) & (table.c.lock_key < bindparam("above"))
 
 
-def _listed(table: Table, size: int) -> ColumnElement[bool]:
+def listed(table: Table, size: int) -> ColumnElement[bool]:
     keys: list[ColumnElement[Any]] = [bindparam(f"k{index}") for index in range(size)]
     owners: list[ColumnElement[Any]] = [bindparam(f"o{index}") for index in range(size)]
     return table.c.lock_key.in_(keys) & table.c.owner_id.in_(owners)

@@ -1,0 +1,228 @@
+"""``combining.Lane``, the flat combining behind statements shared between threads, on
+its own: a ``send`` that the test holds and lets go stands for the statement.
+
+Signals are delivered with ``signal.pthread_kill`` to the main thread, the only thread
+that runs signal handlers, at the state of its request the test chose.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import procs
+import pytest
+from polling import wait_until
+
+from tierlock.backends.sql.combining import Lane
+
+UNSENT, UNSURE = "unsent", "unsure"
+
+
+class Interrupted(BaseException):
+    """What the test's signal handler raises, as KeyboardInterrupt would."""
+
+
+class Statements:
+    """A ``send`` for a lane: records each batch and who sent it, answers each request
+    with ``"<request>!"``, and waits until ``release()`` at each batch that ``hold``
+    names (0: the first)."""
+
+    def __init__(self, *hold: int) -> None:
+        self.batches: list[list[str]] = []
+        self.senders: list[int] = []
+        self.undone: list[tuple[list[str], list[str]]] = []
+        self._hold = set(hold)
+        self.sending = [threading.Event() for _ in range(8)]
+        self._go = [threading.Event() for _ in range(8)]
+        self.lane: Lane[str, str] = Lane(self.send, self.undo, unsent=UNSENT, unsure=UNSURE, most=4)
+
+    def send(self, requests: Sequence[str]) -> list[str]:
+        index = len(self.batches)
+        self.batches.append(list(requests))
+        self.senders.append(threading.get_ident())
+        self.sending[index].set()
+        if index in self._hold:
+            assert self._go[index].wait(procs.WAIT_LIMIT), "a held statement was never let go"
+        return [f"{request}!" for request in requests]
+
+    def undo(self, requests: Sequence[str], answers: Sequence[str]) -> None:
+        self.undone.append((list(requests), list(answers)))
+
+    def release(self, index: int) -> None:
+        self._go[index].set()
+
+    def queued(self, count: int) -> Callable[[], bool]:
+        return lambda: len(self.lane._queue) == count
+
+
+class Asker(threading.Thread):
+    """A thread that asks the lane once and keeps the answer."""
+
+    def __init__(self, statements: Statements, request: str) -> None:
+        super().__init__(daemon=True)
+        self._statements = statements
+        self.request = request
+        self.answer: str | None = None
+        self.start()
+
+    def run(self) -> None:
+        self.answer = self._statements.lane.ask(self.request)
+
+    def done(self) -> str | None:
+        self.join(procs.WAIT_LIMIT)
+        assert not self.is_alive()
+        return self.answer
+
+
+@pytest.fixture
+def interrupt() -> Iterator[Callable[[Callable[[], Any]], None]]:
+    """``interrupt(steps)``: run ``steps()`` in a thread, then signal the main thread,
+    which ``steps`` leaves blocked where the signal is to land."""
+    assert threading.current_thread() is threading.main_thread()
+    main = threading.get_ident()
+
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    threads: list[threading.Thread] = []
+
+    def arm(steps: Callable[[], Any]) -> None:
+        def run() -> None:
+            steps()
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+
+    try:
+        yield arm
+    finally:
+        for thread in threads:
+            thread.join(procs.WAIT_LIMIT)
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_lone_request_is_sent_at_once_by_its_own_thread() -> None:
+    statements = Statements()
+    assert statements.lane.ask("a") == "a!"
+    assert statements.batches == [["a"]]
+    assert statements.senders == [threading.get_ident()]
+
+
+def test_requests_that_come_while_one_is_under_way_share_the_next_statement() -> None:
+    statements = Statements(0)
+    first = Asker(statements, "a")
+    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    others = [Asker(statements, request) for request in "bcd"]
+    wait_until(statements.queued(3), "three requests to queue")
+    assert not statements.sending[1].is_set()  # (nothing more is sent meanwhile)
+    statements.release(0)
+    assert [asker.done() for asker in [first, *others]] == ["a!", "b!", "c!", "d!"]
+    assert statements.batches[0] == ["a"]
+    assert sorted(statements.batches[1]) == ["b", "c", "d"]
+    assert len(statements.batches) == 2
+    assert statements.senders[1] in {asker.ident for asker in others}
+
+
+def test_a_batch_holds_at_most_its_bound_and_the_rest_go_next() -> None:
+    statements = Statements(0)
+    first = Asker(statements, "a")
+    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    others = []
+    for count, request in enumerate("bcdefg", start=1):
+        others.append(Asker(statements, request))
+        wait_until(statements.queued(count), "the requests to queue in order")
+    statements.release(0)
+    assert [asker.done() for asker in others] == [f"{request}!" for request in "bcdefg"]
+    assert first.done() == "a!"
+    assert [sorted(batch) for batch in statements.batches] == [["a"], list("bcde"), ["f", "g"]]
+
+
+def test_the_main_thread_never_sends_a_statement_for_others() -> None:
+    statements = Statements(0)
+    first = Asker(statements, "a")
+    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    queued_after: list[Asker] = []
+
+    def queue_another_then_let_go() -> None:
+        wait_until(statements.queued(1), "the main thread to queue")
+        queued_after.append(Asker(statements, "b"))
+        wait_until(statements.queued(2), "another thread to queue behind it")
+        statements.release(0)
+
+    helper = threading.Thread(target=queue_another_then_let_go, daemon=True)
+    helper.start()
+    assert statements.lane.ask("main") == "main!"  # queued first, yet not the sender
+    helper.join(procs.WAIT_LIMIT)
+    assert queued_after[0].done() == "b!" and first.done() == "a!"
+    assert sorted(statements.batches[1]) == ["b", "main"]
+    assert statements.senders[1] == queued_after[0].ident
+
+
+def test_interrupted_while_queued_it_is_never_sent(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    statements = Statements(0)
+    first = Asker(statements, "a")
+    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    later: list[Asker] = []
+
+    def steps() -> None:
+        later.append(Asker(statements, "b"))
+        wait_until(statements.queued(2), "the main thread and another to queue")
+
+    interrupt(steps)
+    with pytest.raises(Interrupted):
+        statements.lane.ask("main")
+    assert statements.queued(1)()
+    statements.release(0)
+    assert first.done() == "a!" and later[0].done() == "b!"
+    assert statements.batches == [["a"], ["b"]]
+    assert statements.undone == []
+
+
+def test_interrupted_while_its_statement_is_under_way_the_sender_undoes_it(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    statements = Statements(0, 1)
+    first = Asker(statements, "a")
+    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    later: list[Asker] = []
+
+    def steps() -> None:
+        later.append(Asker(statements, "b"))
+        wait_until(statements.queued(2), "the main thread and another to queue")
+        statements.release(0)
+        assert statements.sending[1].wait(procs.WAIT_LIMIT)  # (b sends both)
+
+    interrupt(steps)
+    with pytest.raises(Interrupted):
+        statements.lane.ask("main")
+    statements.release(1)
+    assert first.done() == "a!" and later[0].done() == "b!"
+    assert sorted(statements.batches[1]) == ["b", "main"]
+    assert statements.undone == [(["main"], ["main!"])]
+
+
+def test_interrupted_in_its_own_statement_the_next_batch_still_goes(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    statements = Statements(0)
+    later: list[Asker] = []
+
+    def steps() -> None:
+        assert statements.sending[0].wait(procs.WAIT_LIMIT)
+        later.append(Asker(statements, "b"))
+        wait_until(statements.queued(1), "another thread to queue behind the main one")
+
+    interrupt(steps)
+    with pytest.raises(Interrupted):
+        statements.lane.ask("main")  # (alone: its own statement, cut short)
+    assert later[0].done() == "b!"
+    assert statements.batches == [["main"], ["b"]]
+    assert statements.lane.ask("c") == "c!"  # (and the lane is free again)
