@@ -7,13 +7,13 @@ that runs signal handlers, at the state of its request the test chose.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import procs
 import pytest
+from interrupts import Interrupted, Steps, interrupting
 from polling import wait_until
 
 from tierlock.backends.sql.combining import Lane
@@ -21,23 +21,21 @@ from tierlock.backends.sql.combining import Lane
 UNSENT, UNSURE = "unsent", "unsure"
 
 
-class Interrupted(BaseException):
-    """What the test's signal handler raises, as KeyboardInterrupt would."""
-
-
 class Statements:
-    """A ``send`` for a lane: records each batch and who sent it, answers each request
-    with ``"<request>!"``, and waits until ``release()`` at each batch that ``hold``
-    names (0: the first)."""
+    """A ``send`` for a lane of ``width``: records each batch and who sent it, answers
+    each request with ``"<request>!"``, and waits until ``release()`` at each batch
+    that ``hold`` names (0: the first)."""
 
-    def __init__(self, *hold: int) -> None:
+    def __init__(self, *hold: int, width: int = 1) -> None:
         self.batches: list[list[str]] = []
         self.senders: list[int] = []
         self.undone: list[tuple[list[str], list[str]]] = []
         self._hold = set(hold)
         self.sending = [threading.Event() for _ in range(8)]
         self._go = [threading.Event() for _ in range(8)]
-        self.lane: Lane[str, str] = Lane(self.send, self.undo, unsent=UNSENT, unsure=UNSURE, most=4)
+        self.lane: Lane[str, str] = Lane(
+            self.send, self.undo, unsent=UNSENT, unsure=UNSURE, most=4, width=width
+        )
 
     def send(self, requests: Sequence[str]) -> list[str]:
         index = len(self.batches)
@@ -53,6 +51,12 @@ class Statements:
 
     def release(self, index: int) -> None:
         self._go[index].set()
+
+    def under_way(self, request: str) -> Asker:
+        """A thread whose request is sent (the first statement, held), once it is."""
+        asker = Asker(self, request)
+        assert self.sending[0].wait(procs.WAIT_LIMIT)
+        return asker
 
     def queued(self, count: int) -> Callable[[], bool]:
         return lambda: len(self.lane._queue) == count
@@ -78,33 +82,9 @@ class Asker(threading.Thread):
 
 
 @pytest.fixture
-def interrupt() -> Iterator[Callable[[Callable[[], Any]], None]]:
-    """``interrupt(steps)``: run ``steps()`` in a thread, then signal the main thread,
-    which ``steps`` leaves blocked where the signal is to land."""
-    assert threading.current_thread() is threading.main_thread()
-    main = threading.get_ident()
-
-    def raise_interrupted(signum: int, frame: object) -> None:
-        raise Interrupted
-
-    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
-    threads: list[threading.Thread] = []
-
-    def arm(steps: Callable[[], Any]) -> None:
-        def run() -> None:
-            steps()
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-
-    try:
-        yield arm
-    finally:
-        for thread in threads:
-            thread.join(procs.WAIT_LIMIT)
-        signal.signal(signal.SIGUSR1, previous)
+def interrupt() -> Iterator[Callable[[Steps], None]]:
+    """``interrupt(steps)``: see ``interrupts.interrupting``."""
+    yield from interrupting(Interrupted)
 
 
 def test_a_lone_request_is_sent_at_once_by_its_own_thread() -> None:
@@ -116,8 +96,7 @@ def test_a_lone_request_is_sent_at_once_by_its_own_thread() -> None:
 
 def test_requests_that_come_while_one_is_under_way_share_the_next_statement() -> None:
     statements = Statements(0)
-    first = Asker(statements, "a")
-    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    first = statements.under_way("a")
     others = [Asker(statements, request) for request in "bcd"]
     wait_until(statements.queued(3), "three requests to queue")
     assert not statements.sending[1].is_set()  # (nothing more is sent meanwhile)
@@ -129,10 +108,23 @@ def test_requests_that_come_while_one_is_under_way_share_the_next_statement() ->
     assert statements.senders[1] in {asker.ident for asker in others}
 
 
+def test_as_many_go_alone_as_the_lane_is_wide_and_the_next_share_one() -> None:
+    statements = Statements(0, 1, width=2)
+    first = statements.under_way("a")
+    second = Asker(statements, "b")
+    assert statements.sending[1].wait(procs.WAIT_LIMIT)  # (alone, beside the first)
+    others = [Asker(statements, request) for request in "cde"]
+    wait_until(statements.queued(3), "three requests to queue")
+    statements.release(1)
+    assert [asker.done() for asker in [second, *others]] == ["b!", "c!", "d!", "e!"]
+    statements.release(0)
+    assert first.done() == "a!"
+    assert [sorted(batch) for batch in statements.batches] == [["a"], ["b"], ["c", "d", "e"]]
+
+
 def test_a_batch_holds_at_most_its_bound_and_the_rest_go_next() -> None:
     statements = Statements(0)
-    first = Asker(statements, "a")
-    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    first = statements.under_way("a")
     others = []
     for count, request in enumerate("bcdefg", start=1):
         others.append(Asker(statements, request))
@@ -145,8 +137,7 @@ def test_a_batch_holds_at_most_its_bound_and_the_rest_go_next() -> None:
 
 def test_the_main_thread_never_sends_a_statement_for_others() -> None:
     statements = Statements(0)
-    first = Asker(statements, "a")
-    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    first = statements.under_way("a")
     queued_after: list[Asker] = []
 
     def queue_another_then_let_go() -> None:
@@ -168,8 +159,7 @@ def test_interrupted_while_queued_it_is_never_sent(
     interrupt: Callable[[Callable[[], Any]], None],
 ) -> None:
     statements = Statements(0)
-    first = Asker(statements, "a")
-    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    first = statements.under_way("a")
     later: list[Asker] = []
 
     def steps() -> None:
@@ -190,8 +180,7 @@ def test_interrupted_while_its_statement_is_under_way_the_sender_undoes_it(
     interrupt: Callable[[Callable[[], Any]], None],
 ) -> None:
     statements = Statements(0, 1)
-    first = Asker(statements, "a")
-    assert statements.sending[0].wait(procs.WAIT_LIMIT)
+    first = statements.under_way("a")
     later: list[Asker] = []
 
     def steps() -> None:

@@ -4,8 +4,9 @@ thread still gets exactly what its own statement would have given it: its row, i
 token, its answer, and no row left behind when it is interrupted, forks or meets a
 dropped statement.
 
-The first statement of a lane is held (``Gate``) so that the other threads queue
-behind it; the counts of queued threads are read from the lane.
+A lane lets ``WIDTH`` statements go alone before threads share one: the tests hold
+those (``Gate``) so that the next threads queue behind them; the counts of queued
+threads are read from the lane.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import pytest
 from aiohelpers import Gate
 from conftest import SERVERS, SQL_DATABASES, MakeManager
 from counting import DriverStatements
+from interrupts import Interrupted, Steps, interrupting
 from polling import wait_until
 from proxy import Proxy
 from sqlalchemy import Engine, text
 
 import tierlock
 from tierlock.backends.sql import SQLBackend
+from tierlock.backends.sql.batches import WIDTH
 
 
 class Holder(threading.Thread):
@@ -77,18 +80,50 @@ def keys(count: int) -> list[str]:
     return [f"shared:{os.getpid()}:{index}:{threading.get_ident()}" for index in range(count)]
 
 
-def meet(locks: tierlock.LockManager, names: list[str]) -> tuple[Holder, list[Holder]]:
-    """The first key's insert held until the other keys' threads have queued behind it;
-    the first holder and the others, all holding."""
+def under_way(gate: Gate, start: Callable[[], object]) -> None:
+    """``start()`` a thread ``WIDTH`` times, each to send a statement alone that ``gate``
+    holds, and wait until all are held: the lane is full."""
+    for _ in range(WIDTH):
+        start()
+    wait_until(lambda: gate.calls == WIDTH, "the lane's statements to be under way")
+
+
+def meet(locks: tierlock.LockManager, names: list[str]) -> list[Holder]:
+    """Holders of ``names``: the inserts of the first ``WIDTH`` held until the others
+    have queued behind them, then all holding."""
     gate = Gate(backend(locks)._batches, "_insert_rows")
-    first = Holder(locks, names[0])
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    others = [Holder(locks, name) for name in names[1:]]
-    wait_until(queued(locks, "inserts", len(others)), "the others to queue")
+    holders: list[Holder] = []
+    under_way(gate, lambda: holders.append(Holder(locks, names[len(holders)])))
+    holders += [Holder(locks, name) for name in names[WIDTH:]]
+    wait_until(queued(locks, "inserts", len(names) - WIDTH), "the others to queue")
     gate.open()
-    for holder in [first, *others]:
+    for holder in holders:
         holder.hold()
-    return first, others
+    return holders
+
+
+def let_go_together(locks: tierlock.LockManager, holders: list[Holder]) -> Gate:
+    """The DELETEs of the first ``WIDTH`` holders held until the others' releases have
+    queued behind them; the gate that holds them, to ``open()``."""
+    gate = Gate(backend(locks)._batches, "_delete_rows")
+    going = iter(holders)
+
+    def let_one_go() -> None:
+        next(going).go.set()
+
+    under_way(gate, let_one_go)
+    for holder in going:
+        holder.go.set()
+    wait_until(queued(locks, "releases", len(holders) - WIDTH), "the other releases to queue")
+    return gate
+
+
+def releases_meet(locks: tierlock.LockManager, names: list[str]) -> tuple[list[Holder], Gate]:
+    """Holders of ``names``, whose releases then meet (see ``let_go_together``)."""
+    holders = [Holder(locks, name) for name in names]
+    for holder in holders:
+        holder.hold()
+    return holders, let_go_together(locks, holders)
 
 
 @SQL_DATABASES
@@ -96,21 +131,20 @@ def test_acquires_that_meet_share_one_insert_and_each_gets_its_row(
     make_manager: MakeManager, driver_statements: DriverStatements
 ) -> None:
     locks, other = make_manager(), make_manager()
-    names = keys(4)
+    names = keys(WIDTH + 3)
     before = locks.stats()
     sent = driver_statements.count()
-    first, others = meet(locks, names)
-    assert driver_statements.count() - sent == 2  # (one for the first, one for the rest)
+    holders = meet(locks, names)
+    assert driver_statements.count() - sent == WIDTH + 1  # (the last three share one)
     after = locks.stats()
     assert after.shared_statements - before.shared_statements == 1
-    assert after.inserts - before.inserts == 4
-    holders = [first, *others]
+    assert after.inserts - before.inserts == len(names)
     for name, holder in zip(names, holders, strict=True):
         row = other.info(name)
         assert row is not None and row.token == holder.token
         assert row.thread_name == holder.name and row.pid == os.getpid()
         assert not other.lock(name).acquire(blocking=False)
-    assert len({holder.token for holder in holders}) == 4
+    assert len({holder.token for holder in holders}) == len(names)
     for holder in holders:
         holder.let_go()
     assert other.holders() == []
@@ -121,21 +155,22 @@ def test_a_shared_insert_that_finds_keys_held_sends_those_threads_their_own_way(
     make_manager: MakeManager,
 ) -> None:
     locks, other = make_manager(), make_manager()
-    names = keys(4)
-    taken = other.lock(names[2])
+    names = keys(WIDTH + 3)
+    taken = other.lock(names[WIDTH + 1])
     assert taken.acquire(blocking=False)
     gate = Gate(backend(locks)._batches, "_insert_rows")
-    first = Holder(locks, names[0])
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    waiting = [Holder(locks, name) for name in names[1:]]
+    holders: list[Holder] = []
+    under_way(gate, lambda: holders.append(Holder(locks, names[len(holders)])))
+    holders += [Holder(locks, name) for name in names[WIDTH:]]
     wait_until(queued(locks, "inserts", 3), "the others to queue")
     gate.open()
-    for holder in (first, waiting[0], waiting[2]):
+    waiting = holders.pop(WIDTH + 1)
+    for holder in holders:
         holder.hold()
-    assert not waiting[1].held.is_set()  # (its key is another manager's)
+    assert not waiting.held.is_set()  # (its key is another manager's)
     taken.release()
-    assert waiting[1].hold() > (taken.token or 0)
-    for holder in (first, *waiting):
+    assert waiting.hold() > (taken.token or 0)
+    for holder in (*holders, waiting):
         holder.let_go()
     assert other.holders() == []
 
@@ -145,21 +180,13 @@ def test_releases_that_meet_share_one_delete(
     make_manager: MakeManager, driver_statements: DriverStatements
 ) -> None:
     locks, other = make_manager(), make_manager()
-    holders = [Holder(locks, name) for name in keys(4)]
-    for holder in holders:
-        holder.hold()
-    gate = Gate(backend(locks)._batches, "_delete_rows")
-    holders[0].go.set()
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    for holder in holders[1:]:
-        holder.go.set()
-    wait_until(queued(locks, "releases", 3), "the other releases to queue")
+    holders, gate = releases_meet(locks, keys(WIDTH + 3))
     sent = driver_statements.count()
     shared = locks.stats().shared_statements
     gate.open()
     for holder in holders:
         holder.let_go()
-    assert driver_statements.count() - sent == 2
+    assert driver_statements.count() - sent == WIDTH + 1
     assert locks.stats().shared_statements - shared == 1
     assert other.holders() == []
 
@@ -169,71 +196,42 @@ def test_a_shared_release_of_a_row_no_longer_ours_tells_that_thread_it_was_lost(
     make_manager: MakeManager, engine: Engine, table: str
 ) -> None:
     locks, other = make_manager(), make_manager()
-    names = keys(3)
+    names = keys(WIDTH + 2)
     holders = [Holder(locks, name) for name in names]
     for holder in holders:
         holder.hold()
+    lost = holders[WIDTH + 1]  # (one of those that share a statement)
     with engine.begin() as connection:  # (as a reaper elsewhere would, unannounced)
-        connection.execute(text(f"DELETE FROM {table} WHERE lock_key = :key"), {"key": names[1]})
-    gate = Gate(backend(locks)._batches, "_delete_rows")
-    holders[0].go.set()
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    for holder in holders[1:]:
-        holder.go.set()
-    wait_until(queued(locks, "releases", 2), "the other releases to queue")
+        connection.execute(
+            text(f"DELETE FROM {table} WHERE lock_key = :key"), {"key": lost.lock.key}
+        )
+    gate = let_go_together(locks, holders)
     shared = locks.stats().shared_statements
     gate.open()
     for holder in holders:
         holder.join(procs.WAIT_LIMIT)
     assert locks.stats().shared_statements - shared == 1
-    assert holders[0].error is None and holders[2].error is None
-    assert isinstance(holders[1].error, tierlock.LockLostError)
+    assert isinstance(lost.error, tierlock.LockLostError)
+    assert all(holder.error is None for holder in holders if holder is not lost)
     assert other.holders() == []
 
 
-class Interrupted(BaseException):
-    """What the test's signal handler raises, as KeyboardInterrupt would."""
-
-
 @pytest.fixture
-def interrupt() -> Iterator[Callable[[Callable[[], Any]], None]]:
-    """``interrupt(steps)``: run ``steps()`` in a thread, then signal the main thread,
-    which ``steps`` leaves blocked where the signal is to land."""
-    assert threading.current_thread() is threading.main_thread()
-    main = threading.get_ident()
-
-    def raise_interrupted(signum: int, frame: object) -> None:
-        raise Interrupted
-
-    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
-    threads: list[threading.Thread] = []
-
-    def arm(steps: Callable[[], Any]) -> None:
-        def run() -> None:
-            steps()
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-
-    try:
-        yield arm
-    finally:
-        for thread in threads:
-            thread.join(procs.WAIT_LIMIT)
-        signal.signal(signal.SIGUSR1, previous)
+def interrupt() -> Iterator[Callable[[Steps], None]]:
+    """``interrupt(steps)``: see ``interrupts.interrupting``."""
+    yield from interrupting(Interrupted)
 
 
-class TwoStops:
-    """Holds the first two calls of ``_insert_rows`` of ``locks``, each until let go."""
+class Stops:
+    """Holds each of the first ``count`` calls of ``_insert_rows`` of ``locks`` until
+    that call is let ``go``."""
 
-    def __init__(self, locks: tierlock.LockManager) -> None:
+    def __init__(self, locks: tierlock.LockManager, count: int) -> None:
         batches = backend(locks)._batches
         real = batches._insert_rows
-        self.entered = [threading.Event(), threading.Event()]
-        self.go = [threading.Event(), threading.Event()]
-        calls = iter(range(2))
+        self.entered = [threading.Event() for _ in range(count)]
+        self.go = [threading.Event() for _ in range(count)]
+        calls = iter(range(count))
 
         def stopped(*args: Any) -> Any:
             index = next(calls, None)
@@ -242,7 +240,7 @@ class TwoStops:
                 assert self.go[index].wait(procs.WAIT_LIMIT)
             return real(*args)
 
-        batches._insert_rows = stopped  # type: ignore[method-assign]
+        batches._insert_rows = stopped  # type: ignore[method-assign, assignment]
 
 
 @SQL_DATABASES
@@ -254,10 +252,11 @@ def test_an_acquire_interrupted_in_a_shared_insert_leaves_no_row(
     thread sends it with its own (``under-way``): the other threads get their keys, and
     the interrupted one's key is free at once, with no row of its owner left."""
     locks, other = make_manager(ttl=30), make_manager()
-    first_key, mine, theirs = keys(3)
-    stops = TwoStops(locks)
-    first = Holder(locks, first_key)
-    assert stops.entered[0].wait(procs.WAIT_LIMIT)
+    *alone, mine, theirs = keys(WIDTH + 2)
+    stops = Stops(locks, WIDTH + 1)
+    firsts = [Holder(locks, name) for name in alone]
+    for entered in stops.entered[:WIDTH]:
+        assert entered.wait(procs.WAIT_LIMIT)
     later: list[Holder] = []
 
     def steps() -> None:
@@ -265,7 +264,7 @@ def test_an_acquire_interrupted_in_a_shared_insert_leaves_no_row(
         wait_until(queued(locks, "inserts", 2), "the main thread and another to queue")
         if when == "under-way":
             stops.go[0].set()
-            assert stops.entered[1].wait(procs.WAIT_LIMIT)
+            assert stops.entered[WIDTH].wait(procs.WAIT_LIMIT)
 
     interrupt(steps)
     with pytest.raises(Interrupted):
@@ -273,15 +272,15 @@ def test_an_acquire_interrupted_in_a_shared_insert_leaves_no_row(
     # The interrupted acquire's own sweep is over before its row can be inserted: only
     # the sender's undo can take that row away.
     wait_until(lambda: not backend(locks)._sweeper._pending, "the acquire's sweep")
-    stops.go[0].set()
-    stops.go[1].set()
-    first.hold()
-    later[0].hold()
+    for go in stops.go:
+        go.set()
+    for holder in (*firsts, *later):
+        holder.hold()
     lock = other.lock(mine)
     assert lock.acquire(timeout=5), "the interrupted acquire's row still holds the key"
     lock.release()
     assert not locks.lock(mine).owned()
-    for holder in (first, later[0]):
+    for holder in (*firsts, *later):
         holder.let_go()
     wait_until(lambda: other.holders() == [], "every row to go")
 
@@ -295,20 +294,19 @@ def test_a_dropped_shared_insert_leaves_each_thread_with_its_own_row(
     is lost (``reply``): each thread finds out by its owner id and holds its key once,
     with the token of its row."""
     locks = proxied(ttl=30)
-    names = keys(4)
+    names = keys(WIDTH + 3)
     assert locks.info(names[0]) is None  # (a pooled connection: no new one is needed)
     gate = Gate(backend(locks)._batches, "_insert_rows")
-    first = Holder(locks, names[0])
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    others = [Holder(locks, name) for name in names[1:]]
+    holders: list[Holder] = []
+    under_way(gate, lambda: holders.append(Holder(locks, names[len(holders)])))
+    holders += [Holder(locks, name) for name in names[WIDTH:]]
     wait_until(queued(locks, "inserts", 3), "the others to queue")
-    pattern = b"UNION ALL"
+    pattern = b"UNION ALL"  # (only a shared insert has it)
     if fault == "request":
         proxy.drop_request(pattern)
     else:
         proxy.drop_reply(pattern)
     gate.open()
-    holders = [first, *others]
     for holder in holders:
         holder.hold()
     assert proxy.fired == 1
@@ -322,13 +320,13 @@ def test_a_dropped_shared_insert_leaves_each_thread_with_its_own_row(
 
 @SQL_DATABASES
 def test_a_child_forked_while_a_thread_sends_acquires_at_once(make_manager: MakeManager) -> None:
-    """The parent's lane is busy at the fork (its sender stopped before the database);
-    the child's starts free, not behind a statement that no thread of it will send."""
+    """The parent's lane is full at the fork (its senders stopped before the database);
+    the child's starts free, not behind statements that no thread of it will send."""
     locks = make_manager(ttl=30)
-    held, mine = keys(2)
+    *held, mine = keys(WIDTH + 1)
     gate = Gate(backend(locks)._runner, "once")
-    first = Holder(locks, held)
-    assert gate.entered.wait(procs.WAIT_LIMIT)
+    firsts: list[Holder] = []
+    under_way(gate, lambda: firsts.append(Holder(locks, held[len(firsts)])))
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -355,9 +353,11 @@ def test_a_child_forked_while_a_thread_sends_acquires_at_once(make_manager: Make
         if not status:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    first.hold()
+    for holder in firsts:
+        holder.hold()
     assert os.waitstatus_to_exitcode(status[0]) == 0
-    first.let_go()
+    for holder in firsts:
+        holder.let_go()
 
 
 @SERVERS
@@ -368,15 +368,7 @@ def test_a_dropped_shared_release_leaves_each_thread_released_and_no_row(
     """The shared DELETE never reaches the server, or runs and its answer is lost: each
     thread releases on its own, none is told its hold was lost, and no row is left."""
     locks = proxied(ttl=30)
-    holders = [Holder(locks, name) for name in keys(4)]
-    for holder in holders:
-        holder.hold()
-    gate = Gate(backend(locks)._batches, "_delete_rows")
-    holders[0].go.set()
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    for holder in holders[1:]:
-        holder.go.set()
-    wait_until(queued(locks, "releases", 3), "the other releases to queue")
+    holders, gate = releases_meet(locks, keys(WIDTH + 3))
     pattern = b"owner_id IN ("  # (only the shared release lists owners)
     if fault == "request":
         proxy.drop_request(pattern)
@@ -393,11 +385,11 @@ def test_a_dropped_shared_release_leaves_each_thread_released_and_no_row(
 def test_close_while_a_shared_insert_waits_answers_every_thread(
     make_manager: MakeManager,
 ) -> None:
-    """``close()`` comes while one insert is under way and others queue behind it: each
+    """``close()`` comes while inserts are under way and others queue behind them: each
     acquire ends (won just as the manager closed counts as not won, and what queued
     meets the closed manager), and no row is left."""
     locks, other = make_manager(ttl=30), make_manager()
-    names = keys(3)
+    names = keys(WIDTH + 2)
     gate = Gate(backend(locks)._batches, "_insert_rows")
     outcomes: list[object] = []
 
@@ -408,9 +400,9 @@ def test_close_while_a_shared_insert_waits_answers_every_thread(
             outcomes.append(type(exc))
 
     threads = [threading.Thread(target=acquire, args=(name,)) for name in names]
-    threads[0].start()
-    assert gate.entered.wait(procs.WAIT_LIMIT)
-    for thread in threads[1:]:
+    going = iter(threads)
+    under_way(gate, lambda: next(going).start())
+    for thread in going:
         thread.start()
     wait_until(queued(locks, "inserts", 2), "the others to queue")
     closing = threading.Thread(target=locks.close)
@@ -420,5 +412,5 @@ def test_close_while_a_shared_insert_waits_answers_every_thread(
     for thread in [*threads, closing]:
         thread.join(procs.WAIT_LIMIT)
         assert not thread.is_alive()
-    assert outcomes == [tierlock.LockError] * 3
+    assert outcomes == [tierlock.LockError] * len(names)
     assert other.holders() == []

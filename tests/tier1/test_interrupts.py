@@ -9,13 +9,13 @@ in tier 1, or once the fault proxy holds a given statement.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from conftest import SERVERS, MakeManager
+from interrupts import Interrupted, Steps, interrupting
 from polling import wait_until
 from proxy import Proxy
 
@@ -29,41 +29,10 @@ PROMPTLY = 5.0
 DATABASE_TIMEOUT = 2.0
 
 
-class Interrupted(BaseException):
-    """What the test's signal handler raises, as KeyboardInterrupt would."""
-
-
 @pytest.fixture
-def interrupt() -> Iterator[Callable[[Callable[[], Any]], None]]:
-    """``interrupt(steps)``: run ``steps()`` in a thread, then interrupt the main thread.
-
-    ``steps`` waits for (and brings about) the moment to interrupt at; it must leave
-    the main thread blocked there, so the signal lands exactly at that point.
-    """
-    assert threading.current_thread() is threading.main_thread()
-    main = threading.get_ident()
-
-    def raise_interrupted(signum: int, frame: object) -> None:
-        raise Interrupted
-
-    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
-    threads: list[threading.Thread] = []
-
-    def arm(steps: Callable[[], Any]) -> None:
-        def run() -> None:
-            steps()
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-
-    try:
-        yield arm
-    finally:
-        for thread in threads:
-            thread.join(PROMPTLY)
-        signal.signal(signal.SIGUSR1, previous)
+def interrupt() -> Iterator[Callable[[Steps], None]]:
+    """``interrupt(steps)``: see ``interrupts.interrupting``."""
+    yield from interrupting(Interrupted)
 
 
 def queued(locks: tierlock.LockManager, key: str, count: int) -> Callable[[], bool]:

@@ -5,7 +5,6 @@ key still releases the others; ``synchronized`` takes several templates."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ import procs
 import pytest
 from conftest import SHARED_HOLDS, MakeManager
 from counting import DriverStatements
+from interrupts import Steps, interrupting
 from polling import wait_until
 from transfers import Bank, transfer_threads
 
@@ -165,34 +165,9 @@ def test_the_timeout_is_one_deadline_for_the_whole_set(
 
 
 @pytest.fixture
-def interrupt_main() -> Iterator[Callable[[Callable[[], object]], None]]:
-    """``interrupt_main(steps)``: run ``steps()`` in a thread, then raise
-    KeyboardInterrupt in the main thread, as Ctrl-C would (SIGUSR1, whose handler here
-    raises it, wakes the main thread wherever it waits)."""
-    assert threading.current_thread() is threading.main_thread()
-    main = threading.get_ident()
-
-    def raise_interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
-    threads: list[threading.Thread] = []
-
-    def arm(steps: Callable[[], object]) -> None:
-        def run() -> None:
-            steps()
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        threads.append(thread)
-
-    try:
-        yield arm
-    finally:
-        for thread in threads:
-            thread.join(PROMPTLY)
-        signal.signal(signal.SIGUSR1, previous)
+def interrupt_main() -> Iterator[Callable[[Steps], None]]:
+    """``interrupt_main(steps)``: see ``interrupts.interrupting``."""
+    yield from interrupting(KeyboardInterrupt)
 
 
 def acquiring(locks: tierlock.LockManager, key: str) -> Callable[[], bool]:

@@ -47,12 +47,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Threads that send statements for the loop, started as calls find none idle. On SQL,
-# the acquires and releases of these threads share statements (see
-# ``backends.sql.combining``): with 4 threads, batches of at most 3 rows left the
-# statements fewer but slower to come back (1000 tasks over 1000 keys on MariaDB: 700
-# sections/s, against 1000-1070 with 16 threads, and 1000 before statements were shared).
-STATEMENT_THREADS = 16
+# Threads that send statements for the loop; more would only queue at the database's
+# connection pool (5 connections by default) on a machine with few cores. (On SQL, up
+# to 4 statements of a kind go alone before threads share one, so these never share:
+# with 16 threads sharing, 1000 tasks over 1000 keys on MariaDB ran 900 sections/s
+# against 940-1000 with 4.)
+STATEMENT_THREADS = 4
 # Threads in which pollers of keys held elsewhere pause on their doorbells (a blocking
 # wait: a named lock on MariaDB, a FIFO on SQLite, a NOTIFY on PostgreSQL); one per key
 # being polled at once, up to this many, after which pauses wait their turn.

@@ -2,12 +2,14 @@
 one kind (inserts of holds, releases) for different keys at the same moment, one
 multi-row statement serves them all.
 
-A ``Lane`` lets one statement of its kind be under way at a time. A thread that finds
-the lane free sends its own statement at once, as it would alone. Threads that come
-while a statement is under way queue; when it returns, one of them sends one
-statement for everything queued by then. So a queued thread waits for the statement
-under way, never longer, and the statement it saves is its own: no thread waits to be
-combined longer than the statement it saves.
+A ``Lane`` lets a few statements of its kind be under way at a time (its ``width``).
+A thread that finds fewer under way sends its own statement at once, as it would alone.
+Threads that come while the lane is full queue; when a statement under way returns, one
+of them sends one statement for everything queued by then. So a queued thread waits for
+a statement under way, never longer, and the statement it saves is its own: no thread
+waits to be combined longer than the statement it saves. A lane's width keeps the
+threads of a process that sends few statements at once side by side, as before
+(sharing would only make some of them wait), and combines the rest.
 
 Only the main thread runs signal handlers, so only the main thread is interrupted, and
 it never sends a statement for other threads: a batch with another thread in it is
@@ -77,27 +79,29 @@ class Lane(Generic[R, A]):
         unsent: A,
         unsure: A,
         most: int,
+        width: int,
     ) -> None:
         self._send = send
         self._undo = undo
         self._unsent = unsent
         self._unsure = unsure
         self._most = most  # requests in one statement at most
+        self._width = width  # statements under way at once
         self._mutex = threading.Lock()
-        self._busy = False  # a statement is under way
+        self._busy = 0  # statements under way
         self._queue: list[Entry[R, A]] = []
 
     def after_fork(self) -> None:
         """Start afresh in a forked child: only the forking thread came along."""
         self._mutex = threading.Lock()
-        self._busy = False
+        self._busy = 0
         self._queue = []
 
     def ask(self, request: R) -> A:
         """Send ``request``, alone or with others queued; its answer."""
         with self._mutex:
-            if not self._busy:
-                self._busy = True
+            if self._busy < self._width:
+                self._busy += 1
                 entry = None
             else:
                 entry = Entry[R, A](request)
@@ -159,7 +163,7 @@ class Lane(Generic[R, A]):
         queued, or free the lane."""
         with self._mutex:
             if not self._queue:
-                self._busy = False
+                self._busy -= 1
                 return
             batch = self._queue[: self._most]
             del self._queue[: self._most]

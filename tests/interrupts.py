@@ -1,0 +1,50 @@
+"""Interrupting the main thread at a moment a test controls, as Ctrl-C would: a signal
+delivered with ``signal.pthread_kill`` to the main thread (the only one that runs
+signal handlers), whose handler raises."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+import procs
+
+__all__ = ["Interrupted", "interrupting"]
+
+Steps = Callable[[], object]
+
+
+class Interrupted(BaseException):
+    """What a test's signal handler raises, as KeyboardInterrupt would."""
+
+
+def interrupting(exception: type[BaseException]) -> Iterator[Callable[[Steps], None]]:
+    """For a fixture: yields ``arm(steps)``, which runs ``steps()`` in a thread, then
+    signals the main thread, whose handler raises ``exception``. ``steps`` waits for
+    (and brings about) the moment to interrupt at, and must leave the main thread
+    blocked there, so the signal lands exactly at that point."""
+    assert threading.current_thread() is threading.main_thread()
+    main = threading.get_ident()
+
+    def raise_it(signum: int, frame: object) -> None:
+        raise exception
+
+    previous = signal.signal(signal.SIGUSR1, raise_it)
+    threads: list[threading.Thread] = []
+
+    def arm(steps: Steps) -> None:
+        def run() -> None:
+            steps()
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+
+    try:
+        yield arm
+    finally:
+        for thread in threads:
+            thread.join(procs.WAIT_LIMIT)
+        signal.signal(signal.SIGUSR1, previous)
