@@ -285,6 +285,14 @@ def test_an_acquire_interrupted_in_a_shared_insert_leaves_no_row(
     wait_until(lambda: other.holders() == [], "every row to go")
 
 
+def drop(proxy: Proxy, fault: str, pattern: bytes) -> None:
+    """Arm ``proxy`` to drop the next ``fault`` ("request" or "reply") of ``pattern``."""
+    if fault == "request":
+        proxy.drop_request(pattern)
+    else:
+        proxy.drop_reply(pattern)
+
+
 @SERVERS
 @pytest.mark.parametrize("fault", ["request", "reply"])
 def test_a_dropped_shared_insert_leaves_each_thread_with_its_own_row(
@@ -301,11 +309,7 @@ def test_a_dropped_shared_insert_leaves_each_thread_with_its_own_row(
     under_way(gate, lambda: holders.append(Holder(locks, names[len(holders)])))
     holders += [Holder(locks, name) for name in names[WIDTH:]]
     wait_until(queued(locks, "inserts", 3), "the others to queue")
-    pattern = b"UNION ALL"  # (only a shared insert has it)
-    if fault == "request":
-        proxy.drop_request(pattern)
-    else:
-        proxy.drop_reply(pattern)
+    drop(proxy, fault, b"UNION ALL")  # (only a shared insert has it)
     gate.open()
     for holder in holders:
         holder.hold()
@@ -369,11 +373,7 @@ def test_a_dropped_shared_release_leaves_each_thread_released_and_no_row(
     thread releases on its own, none is told its hold was lost, and no row is left."""
     locks = proxied(ttl=30)
     holders, gate = releases_meet(locks, keys(WIDTH + 3))
-    pattern = b"owner_id IN ("  # (only the shared release lists owners)
-    if fault == "request":
-        proxy.drop_request(pattern)
-    else:
-        proxy.drop_reply(pattern)
+    drop(proxy, fault, b"owner_id IN (")  # (only the shared release lists owners)
     gate.open()
     for holder in holders:
         holder.let_go()

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.expression import ColumnElement, Insert
 
 from ...records import Owner
-from .columns import MYSQL_FAMILY, plain
+from .columns import plain
 from .queries import Query
 from .table import holder_values, key_serialiser
 
@@ -81,12 +81,6 @@ class ExclusiveInsert:
         self._table = table
         # The queries compiled, by process and rows (None: its values are not plain).
         self._made: dict[tuple[Process, int], Query | None] = {}
-
-    @property
-    def inserts_rows(self) -> bool:
-        """Whether the database can insert several rows and say which it inserted
-        (MariaDB from 10.5, which the dialect knows once it has connected; not MySQL)."""
-        return self._dialect.name not in MYSQL_FAMILY or bool(self._dialect.insert_returning)
 
     def query(self, owner: Owner) -> Query | None:
         """The statement for ``owner``'s process (parameters: ``exclusive_params``), or
