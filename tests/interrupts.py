@@ -23,11 +23,16 @@ def interrupting(exception: type[BaseException]) -> Iterator[Callable[[Steps], N
     """For a fixture: yields ``arm(steps)``, which runs ``steps()`` in a thread, then
     signals the main thread, whose handler raises ``exception``. ``steps`` waits for
     (and brings about) the moment to interrupt at, and must leave the main thread
-    blocked there, so the signal lands exactly at that point."""
+    blocked there, so the signal lands exactly at that point; if ``steps`` fails, the
+    handler raises an AssertionError that says how, instead of leaving the main thread
+    blocked until something else ends its wait."""
     assert threading.current_thread() is threading.main_thread()
     main = threading.get_ident()
+    failed: list[BaseException] = []
 
     def raise_it(signum: int, frame: object) -> None:
+        if failed:  # (the main thread is blocked where the steps never saw it)
+            raise AssertionError(f"the steps before the interrupt failed: {failed[0]!r}")
         raise exception
 
     previous = signal.signal(signal.SIGUSR1, raise_it)
@@ -35,7 +40,10 @@ def interrupting(exception: type[BaseException]) -> Iterator[Callable[[Steps], N
 
     def arm(steps: Steps) -> None:
         def run() -> None:
-            steps()
+            try:
+                steps()
+            except BaseException as exc:
+                failed.append(exc)
             signal.pthread_kill(main, signal.SIGUSR1)
 
         thread = threading.Thread(target=run, daemon=True)

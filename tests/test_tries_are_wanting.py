@@ -178,6 +178,30 @@ def test_a_waiting_poller_shows_to_the_holder(make_manager: MakeManager, key: st
     assert won == [True]
 
 
+# Readings of time.monotonic() (seconds since the machine's boot): at the first two,
+# ``now - (now - 0.1)`` falls short of 0.1 in floating point (as from 64 to 256 s and
+# from 1024 to 4096 s), at the last it does not.
+CLOCK_READINGS = [150.0, 1300.0, 100_000.5]
+
+
+@pytest.mark.parametrize("reading", CLOCK_READINGS)
+def test_nobody_waits_whatever_the_clock_reads(
+    make_manager: MakeManager, key: str, reading: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memories of marks keep times of the clock; one that took a time 0.1 s ago
+    for a key never marked said, at some readings, that the key was wanted for ever
+    (the lock-file engine did, in the first minutes after a boot)."""
+    real = time.monotonic
+    offset = reading - real()
+    monkeypatch.setattr(time, "monotonic", lambda: real() + offset)
+    holder = make_manager()
+    try:
+        with holder.lock(key):
+            wait_until(lambda: holder._backend.others_waiting(key, False) is False, "nobody")
+    finally:
+        holder.close()  # (before the clock goes back)
+
+
 def test_a_want_that_cannot_be_marked_does_not_raise(make_manager: MakeManager, key: str) -> None:
     manager = make_manager()
     manager.close()

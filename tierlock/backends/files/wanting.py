@@ -53,7 +53,8 @@ class Wanting:
         if self._files.remove(self._path(key)):
             remember(self._taken_at, key, now)
             return True
-        return now - self._taken_at.get(key, now - WANTED_MEMORY) < WANTED_MEMORY
+        taken_at = self._taken_at.get(key)
+        return taken_at is not None and now - taken_at < WANTED_MEMORY
 
     def _path(self, key: str) -> str:
         return self._files.path(key_name(key) + WAITING)
