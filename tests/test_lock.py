@@ -10,6 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from engines import keeps_expired
@@ -461,6 +462,43 @@ def test_a_manager_opened_while_another_connection_writes_waits_for_it(
     finally:
         event.remove(Engine, "before_cursor_execute", seen)
         writer.close()
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_statement_refused_for_contention_is_sent_again_and_counted(
+    make_manager: MakeManager, key: str, tmp_path: Path
+) -> None:
+    """A release that meets another connection's write (SQLite's busy file; on a server,
+    a deadlock the database broke) is sent again until it goes through, and
+    ``stats().contention_retries`` counts each time."""
+    path = tmp_path / "locks.sqlite3"
+    manager = make_manager(f"sqlite:///{path}")
+    holding, release = threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def hold() -> None:
+        with manager.lock(key):
+            holding.set()
+            release.wait(60)
+        released.append(True)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(60)
+    before = manager.stats().contention_retries
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the file's one write lock, held
+        release.set()
+        wait_until(lambda: manager.stats().contention_retries > before, "a retry")
+        assert not released
+        writer.execute("COMMIT")
+    finally:
+        writer.close()
+        release.set()
+        holder.join(60)
+    assert released == [True]
+    assert not manager.lock(key).locked()
 
 
 def test_synchronized_formats_the_key_from_arguments(make_manager: MakeManager, key: str) -> None:

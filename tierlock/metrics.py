@@ -50,6 +50,7 @@ COUNTERS = {
     "local_waits": "Acquires that queued behind another thread of the process.",
     "statements": "SQL statements sent on the lock table.",
     "shared_statements": "SQL statements that carried several threads' acquires or releases.",
+    "contention_retries": "SQL statements sent again after a deadlock, a lock wait or a busy file.",
     "doorbell_queries": "MariaDB/MySQL named-lock queries that wake pollers.",
     "wakeups": "SQLite: pollers of other processes woken after a row left.",
     "inserts": "Lock rows inserted: holds won in the database.",

@@ -77,6 +77,7 @@ class Cell:
     ran: int = 0  # all sections, including those that finished after the stop
     ran_writes: int = 0
     statements: int = 0  # sent during the run by all processes, for all ``ran``
+    retries: int = 0  # statements refused for contention and sent again, by all processes
     violations: int = 0  # sections that met a hold they should have excluded
     lost: int = 0  # writes whose update was lost
     peak: int = 0  # semaphore: the most holders a section saw inside
@@ -106,6 +107,7 @@ class Worker(ProcessWorker[Side, Holder]):
             "ran_writes": 0,
             "violations": 0,
             "peak": 0,
+            "retries": 0,
         }
         super().__init__(scenario.threads, number, signals, report)
         self.entry, self.scenario, self.section, self.check = entry, scenario, section, check
@@ -163,6 +165,7 @@ class Worker(ProcessWorker[Side, Holder]):
             report["ran_writes"] += ran_writes
             report["violations"] += violations
             report["peak"] = max(report["peak"], peak)
+            report["retries"] = max(report["retries"], holder.retries())  # (one per process)
 
 
 def run_cell(entry: Entry, scenario: Scenario, seconds: float, section: float) -> Cell:
@@ -175,7 +178,7 @@ def run_cell(entry: Entry, scenario: Scenario, seconds: float, section: float) -
         cell.ops += report["ops"]
         cell.read_waits += report["read_waits"]
         cell.write_waits += report["write_waits"]
-        for name in ("reads", "writes", "ran", "ran_writes", "violations", "statements"):
+        for name in ("reads", "writes", "ran", "ran_writes", "violations", "statements", "retries"):
             setattr(cell, name, getattr(cell, name) + report[name])
         cell.peak = max(cell.peak, report["peak"])
     if not scenario.semaphore:

@@ -34,6 +34,11 @@ class Holder(abc.ABC):
     def statements(self) -> int:
         return self.sent
 
+    def retries(self) -> int:
+        """Statements the database refused for contention and that were sent again, by
+        this thread's process (only tierlock counts them)."""
+        return 0
+
     @abc.abstractmethod
     def take(self, index: int, write: bool) -> None:
         """Take the key, waiting as long as it takes (up to ``WAIT_LIMIT``)."""
@@ -86,6 +91,9 @@ class TierlockHolder(Holder):
     def __init__(self, manager: tierlock.LockManager, mode: str) -> None:
         self.manager, self.mode = manager, mode
         self.handles: dict[tuple[int, bool], Hold] = {}
+
+    def retries(self) -> int:
+        return self.manager.stats().contention_retries
 
     def handle(self, index: int, write: bool) -> Hold:
         handle = self.handles.get((index, write))

@@ -45,6 +45,7 @@ def figures(cell: Cell) -> dict[str, float]:
         "jain": jain(cell.ops),
         "peak": cell.peak,
         "per_op": cell.statements / cell.ran if cell.ran else math.nan,
+        "retries": cell.retries,
     }
 
 
@@ -61,6 +62,7 @@ COLUMNS = {
         ("most", "most/thread", False),
         ("jain", "Jain", False),
         ("per_op", "statements/op", True),
+        ("retries", "retries", False),
     ],
     SEMAPHORE: [
         ("rate", "ops/s", True),
@@ -71,9 +73,10 @@ COLUMNS = {
         ("jain", "Jain", False),
         ("peak", "peak holders", False),
         ("per_op", "statements/op", True),
+        ("retries", "retries", False),
     ],
 }
-WHOLE = {"rate", "write_rate", "fewest", "most", "peak"}
+WHOLE = {"rate", "write_rate", "fewest", "most", "peak", "retries"}
 
 LEGEND = (
     "ops/s: sections completed per second, all threads (writes/s: those that wrote); "
@@ -81,7 +84,9 @@ LEGEND = (
     "the most served thread; Jain: Jain's fairness index of the per-thread operations "
     "(1 = all equal, 1/16 = one thread did all); peak holders: the most semaphore holders "
     "a section saw inside at once (at most the permits); statements/op: SQL statements "
-    "(Redis: commands) sent per operation; violations: sections that met a hold they "
+    "(Redis: commands) sent per operation; retries: statements the database refused "
+    "for contention (a deadlock it broke, MariaDB's failed auto-increment read, a busy "
+    "SQLite file) and tierlock sent again, whole run; violations: sections that met a hold they "
     "should have excluded, lost writes, and rows left in the table, summed over repeats. "
     "Each figure is the median over repeats and (0.83x) its ratio to the first tierlock "
     "row's on the same database, measured in the same run."

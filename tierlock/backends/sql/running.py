@@ -244,7 +244,7 @@ class Runner:
                 if kind == _CONTENTION and on_contention is not None and not uncertain:
                     # (Once uncertain, retry instead: the next try checks by owner id.)
                     return on_contention()
-                logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
+                self._retrying(what, key, kind, exc)
                 if kind == _CONNECTION:
                     if link is None and not has_connected(self.engine):
                         # The first connection failed: told at once, as a wrong address
@@ -268,6 +268,11 @@ class Runner:
             if now >= give_up or (kind == _CONNECTION and tries >= ATTEMPTS):
                 raise BackendError(self.message(what, last, tries), key) from last
             time.sleep(min(RETRY_PAUSE * tries, LONGEST_RETRY_PAUSE, give_up - now))
+
+    def _retrying(self, what: str, key: str | None, kind: str, exc: DBAPIError) -> None:
+        logger.debug("%s of %r hit %s, retrying: %s", what, key, kind, exc.orig)
+        if kind == _CONTENTION:
+            self.counters.add("contention_retries")
 
     def once(
         self, what: str, keys: int, attempt: Callable[[Link], T], owners: Sequence[str] = ()
