@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from conftest import SHARED_HOLDS, MakeManager
+from counting import DriverStatements
 from polling import wait_until
 from rwhelpers import (
     LONG,
@@ -392,3 +393,22 @@ def test_a_fixed_lease_read_hold_expires(make_manager: MakeManager, key: str) ->
     assert not reader.owned()
     writer.release()
     assert writers.holders() == []
+
+
+def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allows(
+    make_manager: MakeManager, key: str, db: str, driver_statements: DriverStatements
+) -> None:
+    """A reader of another process joining an open group counts itself in with the
+    group's UPDATE, which returns the group's token where UPDATE ... RETURNING exists
+    (PostgreSQL, SQLite); MariaDB reads it with a SELECT after."""
+    first, other = make_manager(), make_manager()
+    with other.lock(f"{key}:warm"):  # (the manager's first statements are behind it)
+        pass
+    with first.read_lock(key):
+        me = threading.current_thread().name
+        before = len(driver_statements.sent)
+        with other.read_lock(key):
+            joined = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    print(db, joined)
+    selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == (1 if db == "mariadb" else 0), joined

@@ -110,7 +110,8 @@ class SQLBackend(TableAdmin, LockBackend):
         self.queries = Queries(self.sql, self._engine.dialect)
         self._exclusive_insert = ExclusiveInsert(self.sql, self._engine.dialect, self.table)
         self._batches = Batches(self, self._runner, self._exclusive_insert)
-        shared = SharedStatements(self.table, self.dialect_name, channel)
+        dialect = self._engine.dialect
+        shared = SharedStatements(self.table, self.dialect_name, channel, dialect.update_returning)
         self._shared_queries = SharedQueries(shared, self._engine.dialect)
         self.shared: SQLSharedHolds = SQLSharedHolds(self, self._shared_queries)
         self.takeover = self._takeover = Takeover(

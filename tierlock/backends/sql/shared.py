@@ -40,7 +40,9 @@ class SharedStatements:
     ``group`` (a group row's token), ``wait`` (seconds), ``under``/``above`` (a range of
     keys))."""
 
-    def __init__(self, table: Table, dialect_name: str, channel: str | None) -> None:
+    def __init__(
+        self, table: Table, dialect_name: str, channel: str | None, update_returning: bool
+    ) -> None:
         self._table = table
         c = table.c
         ttl = bindparam("ttl", type_=Float)
@@ -50,7 +52,8 @@ class SharedStatements:
         this_group = key_is & (c.token == bindparam("group", type_=BigInteger))
 
         # join_group(key, ttl): 1 row if an open, live group of the key now counts one
-        # more member and lasts at least ttl from now (PostgreSQL: its token returned).
+        # more member and lasts at least ttl from now (its token returned where UPDATE
+        # ... RETURNING exists: PostgreSQL, SQLite 3.35+; elsewhere select_group reads it).
         # PostgreSQL: the key's advisory lock first, held to the end of the joining
         # transaction, which inserts the reader's row: its token is drawn under the key's
         # lock, so a writer's insert of the key cannot draw before it and win after it
@@ -67,7 +70,7 @@ class SharedStatements:
                 expires_at=larger(c.expires_at, utc_after(ttl)),
             )
         )
-        self.join_group = join.returning(c.token) if dialect_name == "postgresql" else join
+        self.join_group = join.returning(c.token) if update_returning else join
 
         # select_group(key): the token of the key's group row, if it has one.
         self.select_group = select(c.token).where(group_is)

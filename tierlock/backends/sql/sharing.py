@@ -130,7 +130,7 @@ class Sharing:
     def _join_group(self, link: Link, key: str, ttl: float) -> int | None:
         queries = self.queries
         result = link.execute(queries.join_group, {"key": key, "ttl": ttl})
-        if result.rows:  # (PostgreSQL returns the token)
+        if result.rows:  # (where UPDATE ... RETURNING exists, the token comes with it)
             return int(result.rows[0][0])
         if result.rowcount != 1:
             return None
