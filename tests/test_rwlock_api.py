@@ -30,6 +30,7 @@ from sqlalchemy import Engine, text
 
 import tierlock
 from tierlock.backends.basics import fencing_token
+from tierlock.backends.sql import SQLBackend
 
 pytestmark = SHARED_HOLDS
 
@@ -412,3 +413,28 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
     print(db, joined)
     selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
     assert len(selects) == (1 if db == "mariadb" else 0), joined
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("db", ["mariadb"], indirect=True)
+def test_a_join_on_mariadb_looks_its_key_up(make_manager: MakeManager, key: str) -> None:
+    """MariaDB planned the join's UPDATE (``lock_key = ? AND expires_at > now``) as a
+    range scan of the ``expires_at`` index, which locked every live key's entries and
+    deadlocked with other keys' statements; it must look the key up instead."""
+    manager = make_manager()
+    with manager.read_lock(key):
+        pass
+    backend = manager._backend
+    assert isinstance(backend, SQLBackend)
+    query = backend._shared_queries.join_group
+    connection = backend._engine.raw_connection()
+    try:
+        cursor = connection.cursor()
+        cursor.execute("EXPLAIN " + query.sql, query.arguments({"key": key, "ttl": 30.0}))
+        names = [column[0] for column in cursor.description]
+        row = cursor.fetchone()
+        assert row is not None
+        plan = dict(zip(names, row, strict=True))
+    finally:
+        connection.close()
+    assert plan["key"] == f"uq_{backend.table.name}_lock_key", plan

@@ -23,6 +23,7 @@ __all__ = [
     "Timestamp",
     "larger",
     "plain",
+    "unindexed",
     "utc_after",
     "utc_now",
 ]
@@ -115,6 +116,27 @@ def _now_postgresql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
 def _after_postgresql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> str:
     seconds = compiler.process(element.clauses, **kw)
     return f"statement_timestamp() + make_interval(secs => {seconds})"
+
+
+class unindexed(FunctionElement[Any]):
+    """A timestamp column's value in a form no index serves. MariaDB plans a key's
+    ``UPDATE ... WHERE lock_key = ? AND expires_at > now`` as a range scan of the
+    ``expires_at`` index, locking every live key's entries on the way, which deadlocks
+    with other keys' statements; with the column hidden, it looks the key up."""
+
+    type = Timestamp
+    inherit_cache = True
+
+
+@compiles(unindexed)
+def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(unindexed, "mysql")
+@compiles(unindexed, "mariadb")
+def _unindexed_mysql(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"({compiler.process(element.clauses, **kw)} + INTERVAL 0 MICROSECOND)"
 
 
 class larger(FunctionElement[Any]):

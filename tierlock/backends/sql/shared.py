@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.expression import ColumnElement, Delete, Update
 
-from .columns import larger, utc_after, utc_now
+from .columns import larger, unindexed, utc_after, utc_now
 from .queries import Queries, Query
 from .table import (
     GROUP,
@@ -58,7 +58,7 @@ class SharedStatements:
         # transaction, which inserts the reader's row: its token is drawn under the key's
         # lock, so a writer's insert of the key cannot draw before it and win after it
         # left (its token would be below the reader's).
-        joinable = group_is & ~_expired(table) & open_group
+        joinable = group_is & (unindexed(c.expires_at) > utc_now()) & open_group
         if dialect_name == "postgresql":
             joinable &= key_serialiser(table).cte("serialised").c.locked.is_not(None)
         join = (
