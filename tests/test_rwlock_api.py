@@ -410,7 +410,6 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
         before = len(driver_statements.sent)
         with other.read_lock(key):
             joined = [sent for name, sent in driver_statements.sent[before:] if name == me]
-    print(db, joined)
     selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
     assert len(selects) == (1 if db == "mariadb" else 0), joined
 

@@ -112,7 +112,7 @@ class SQLBackend(TableAdmin, LockBackend):
         self._batches = Batches(self, self._runner, self._exclusive_insert)
         dialect = self._engine.dialect
         shared = SharedStatements(self.table, self.dialect_name, channel, dialect.update_returning)
-        self._shared_queries = SharedQueries(shared, self._engine.dialect)
+        self._shared_queries = SharedQueries(shared, dialect)
         self.shared: SQLSharedHolds = SQLSharedHolds(self, self._shared_queries)
         self.takeover = self._takeover = Takeover(
             self.queries, counters, self.shared.steps.writer_waits
