@@ -158,6 +158,43 @@ class AdvisoryHolder(Holder):
         self.connection.close()
 
 
+def take_slot(slots: range, try_slot: Callable[[int], bool], choose: random.Random) -> int:
+    """Try ``slots`` in turn until ``try_slot`` takes one, sleeping about ``BACKOFF``
+    after each round that took none (up to ``WAIT_LIMIT``); the slot taken."""
+    deadline = time.monotonic() + WAIT_LIMIT
+    while True:
+        for slot in slots:
+            if try_slot(slot):
+                return slot
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no slot of {slots} within {WAIT_LIMIT} s")
+        time.sleep(BACKOFF * choose.uniform(0.5, 1.5))
+
+
+class AdvisorySlotsHolder(AdvisoryHolder):
+    """A semaphore of ``PERMITS`` advisory keys on PostgreSQL, on a connection of the
+    thread's own: ``pg_try_advisory_lock`` on slots 0.. in turn until one is taken; when
+    none is, a sleep of about ``BACKOFF`` and the round again. Freed with
+    ``pg_advisory_unlock``."""
+
+    def __init__(self, url: str, base: int) -> None:
+        super().__init__(url, base)
+        self.held: dict[int, list[int]] = {}  # slots held, by index
+        self.choose = random.Random()
+
+    def take(self, index: int, write: bool) -> None:
+        def try_slot(slot: int) -> bool:
+            return self.query("SELECT pg_try_advisory_lock(%s)", slot) is True
+
+        slots = range(index * PERMITS, (index + 1) * PERMITS)
+        self.held.setdefault(index, []).append(take_slot(slots, try_slot, self.choose))
+
+    def give(self, index: int, write: bool) -> None:
+        slot = self.held[index].pop()
+        if self.query("SELECT pg_advisory_unlock(%s)", slot) is not True:
+            raise RuntimeError(f"pg_advisory_unlock of slot {slot} found it not held")
+
+
 # KEYS[1]: a slot; ARGV[1]: the holder's token. Deletes the slot only if it is still ours.
 COMPARE_AND_DELETE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -184,17 +221,14 @@ class RedisSlotsHolder(Holder):
         return self.client.commands
 
     def take(self, index: int, write: bool) -> None:
-        deadline = time.monotonic() + WAIT_LIMIT
         ttl_ms = int(TTL * 1000)
-        while True:
-            for slot in range(PERMITS):
-                key = f"{self.prefix}{index}:{slot}"
-                if self.client.set(key, self.token, nx=True, px=ttl_ms):
-                    self.held.setdefault(index, []).append(key)
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no slot of key {index} within {WAIT_LIMIT} s")
-            time.sleep(BACKOFF * self.choose.uniform(0.5, 1.5))
+
+        def try_slot(slot: int) -> bool:
+            key = f"{self.prefix}{index}:{slot}"
+            return bool(self.client.set(key, self.token, nx=True, px=ttl_ms))
+
+        slot = take_slot(range(PERMITS), try_slot, self.choose)
+        self.held.setdefault(index, []).append(f"{self.prefix}{index}:{slot}")
 
     def give(self, index: int, write: bool) -> None:
         key = self.held[index].pop()
@@ -272,6 +306,16 @@ def entries(urls: dict[str, str], table: str, run: str, redis_url: str | None) -
                 partial(TierlockSide, url, table, PERMIT),
             )
         )
+        if database == "postgresql":
+            found.append(
+                Entry(
+                    "advisory",
+                    "pg_try_advisory_lock slots",
+                    SEMAPHORE,
+                    database,
+                    partial(Side, partial(AdvisorySlotsHolder, url, base)),
+                )
+            )
     if redis_url is not None:
         found.append(
             Entry(

@@ -160,7 +160,10 @@ NOTES = {
         f"tierlock semaphore: `semaphore(key, permits={PERMITS})`; Redis SET NX PX slots: "
         f"`SET key:<slot> token NX PX ttl` for slots 0..{PERMITS - 1} in turn, a sleep of "
         f"{BACKOFF * 1000:g} ms +-50% when all are taken, freed by a Lua compare-and-delete "
-        "(redis-py has no semaphore); it needs no database and appears in every table."
+        "(redis-py has no semaphore); it needs no database and appears in every table. "
+        f"pg_try_advisory_lock slots: the same on PostgreSQL's advisory locks, "
+        "`pg_try_advisory_lock` of slots in turn, freed by `pg_advisory_unlock`, one psycopg "
+        "connection per thread."
     ),
 }
 

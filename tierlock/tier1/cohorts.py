@@ -123,14 +123,16 @@ class Cohorts:
 
     # -- cohorts -----------------------------------------------------------------------
 
-    def goes_on(self, hold: Hold) -> bool:
+    def goes_on(self, hold: Hold, key: str | None = None) -> bool:
         """Whether one more hand-off in a row keeps within the cohort's bound, or other
-        processes surely do not wait (then a new cohort begins)."""
+        processes surely do not wait for ``key`` (the hold's own by default; then a new
+        cohort begins)."""
         if self.within(hold):
             return True
         if hold.handoffs >= self._backend.MAX_HANDOFFS:
             return False
-        if self._backend.others_waiting(hold.key, hold.ring is not None) is False:
+        waited_for = hold.key if key is None else key
+        if self._backend.others_waiting(waited_for, hold.ring is not None) is False:
             hold.cohort, hold.cohort_began = 0, time.monotonic()
             return True
         return False

@@ -1,39 +1,107 @@
-"""Semaphores: ``Semaphore``, the handle, and ``Permits``, tier 1 for permits.
+"""Semaphores: ``Permits``, tier 1 for permits.
 
 Each permit is a hold of its own in the backend (one of the key's slots), with a lease,
 renewal and ``on_lost`` like any hold. In a process, threads that want permits of a key
 queue first come, first served; only the thread at the head asks the backend (the one
-poller of the key), and the next one asks once it has a permit or gives up. A try
-without waiting takes no place in the queue: it asks the backend once, at once.
+poller of the key). A try without waiting takes no place in the queue: it asks the
+backend once, at once.
+
+The process holds its permits: a thread that releases one while another thread of the
+process waits in the line passes it on in memory, with no statement (its fencing token
+one higher, the heartbeat writing the new holder into the row, as for an exclusive
+hold's hand-off), within a cohort bounded as the exclusive hold's while other processes
+may be waiting (``cohorts``). Only then does the slot go back to the database, and the
+next local waiter lets the other processes try first. So statements follow only the net
+change of the process's permits.
+
+A pass reaches a waiter that waits on the line's condition: any thread behind the head,
+and the head between its tries while the process holds permits of the key (a release
+of one wakes it). With none held, the head pauses on the backend's doorbell instead,
+which only a release in the database rings, so nothing is passed to it then.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import random
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..backends import Doorbell, LockBackend
 from ..errors import LockError, LockLostError, NotHeldError
 from ..keys import permit_key
 from ..records import Hold, Owner
-from .pollers import poll, reporting, shared_holds
+from .cohorts import COURTESY_PAUSE
+from .passing import Request, pass_locally, passes_locally
+from .pollers import reporting, shared_holds, unlocked
+from .tiers import FIRST_POLL
 
 if TYPE_CHECKING:
     from .tiers import OnLost, Tiers
 
 __all__ = ["Permits"]
 
+logger = logging.getLogger(__name__)
+
+
+class _Want:
+    """A thread in a line: what it asks for, the permit passed to it, if any, and the
+    condition it waits on, which wakes it alone."""
+
+    __slots__ = ("listening", "passed", "request", "woken")
+
+    def __init__(self, request: Request, mutex: threading.Lock) -> None:
+        self.request = request
+        self.passed: Hold | None = None
+        self.listening = True  # it waits on ``woken``, where a pass reaches it
+        self.woken = threading.Condition(mutex)
+
 
 class _Line:
     """Threads of the process waiting for permits of one key, in arrival order."""
 
-    __slots__ = ("changed", "permits", "queue")
+    __slots__ = ("courteous_until", "permits", "queue")
 
-    def __init__(self, mutex: threading.Lock, permits: int) -> None:
-        self.changed = threading.Condition(mutex)
-        self.queue: collections.deque[object] = collections.deque()
+    def __init__(self, permits: int) -> None:
+        self.queue: collections.deque[_Want] = collections.deque()
         self.permits = permits  # the count its threads agree on
+        self.courteous_until = 0.0  # the head lets other processes try first until then
+
+
+class _Tries:
+    """When the head of a line may ask the backend again, and the doorbell it pauses on
+    while the process has no permit of the key to pass."""
+
+    __slots__ = ("_backend", "_doorbell", "_key", "_pause", "_poll_interval", "next_try")
+
+    def __init__(self, backend: LockBackend, key: str, poll_interval: float) -> None:
+        self._backend, self._key, self._poll_interval = backend, key, poll_interval
+        self._doorbell: Doorbell | None = None
+        self._pause = FIRST_POLL
+        self.next_try = 0.0
+
+    def arm(self) -> None:
+        if self._doorbell is not None:
+            self._doorbell.arm()
+
+    def missed(self) -> None:
+        """A try found every permit taken: the next waits a jittered, doubling pause."""
+        pause = self._pause
+        self.next_try = time.monotonic() + random.uniform(pause / 2, pause)
+        self._pause = min(pause * 2, self._poll_interval)
+
+    def pause(self, seconds: float) -> None:
+        """Wait on the doorbell up to ``seconds``; try at once if it rings."""
+        if self._doorbell is None:
+            self._doorbell = self._backend.doorbell(self._key)
+        if self._doorbell.wait(seconds):
+            self.next_try = 0.0
+
+    def close(self) -> None:
+        if self._doorbell is not None:
+            self._doorbell.close()
 
 
 class Permits:
@@ -58,6 +126,8 @@ class Permits:
             holds = self._local.holds = {}
         return holds.setdefault(key, [])
 
+    # -- acquire -------------------------------------------------------------------
+
     def acquire(
         self,
         key: str,
@@ -70,97 +140,158 @@ class Permits:
         tiers = self._tiers
         tiers.check_thread(key)
         deadline = None if wait is None else time.monotonic() + wait
-        ticket = object() if wait != 0 else None  # (a try without waiting takes no turn)
-        line = self._line_up(key, permits, ticket)
+        request = Request(Owner.current(), ttl, renew, reporting(key, on_lost))
+        # (a try without waiting takes no turn)
+        want = _Want(request, self._mutex) if wait != 0 else None
+        line = self._line_up(key, permits, want)
+        hold: Hold | None = None
         try:
-            if ticket is not None and not self._turn(key, line, ticket, deadline):
-                return False
-            hold = self._take(key, permits, (ttl, renew, on_lost), deadline)
+            if want is None:
+                hold = self._try(key, permits, request, deadline)
+            else:
+                hold = self._wait(key, line, want, deadline)
             if hold is None:
                 return False
             self._holds(key).append(hold)
-            with self._mutex:
-                self._held[key] = self._held.get(key, 0) + 1
-            tiers.heartbeat.add(hold)
-            tiers.counters.acquired(key, 0.0)
-            return True
+        except BaseException:
+            if hold is None and want is not None:
+                hold = want.passed  # (passed just as the wait was cut short)
+            if hold is not None and hold not in self._holds(key):
+                self._give_back_quietly(key, hold)
+            raise
         finally:
-            with self._mutex:
-                if ticket is not None:
-                    line.queue.remove(ticket)
-                    line.changed.notify_all()
-                if not line.queue and not self._held.get(key) and self._lines.get(key) is line:
-                    del self._lines[key]
+            self._leave(key, line)
+        tiers.counters.acquired(key, 0.0)
+        return True
 
-    def _line_up(self, key: str, permits: int, ticket: object | None) -> _Line:
-        """The key's line, joined with ``ticket`` if given; refuses another count."""
+    def _line_up(self, key: str, permits: int, want: _Want | None) -> _Line:
+        """The key's line, joined with ``want`` if given; refuses another count."""
         with self._mutex:
             line = self._lines.get(key)
             if line is None:
-                line = self._lines[key] = _Line(self._mutex, permits)
+                line = self._lines[key] = _Line(permits)
             elif line.permits != permits:
                 raise ValueError(
                     f"semaphore {key!r} asked for with permits={permits}, but this "
                     f"process uses it with permits={line.permits}"
                 )
-            if ticket is not None:
-                line.queue.append(ticket)
+            if want is not None:
+                line.queue.append(want)
             return line
 
-    def _turn(self, key: str, line: _Line, ticket: object, deadline: float | None) -> bool:
-        """Wait until ``ticket`` heads ``line``; ``False`` if ``deadline`` came first."""
+    def _leave(self, key: str, line: _Line) -> None:
+        """Drop ``line`` once nobody waits in it and the process holds no permit."""
         with self._mutex:
-            while line.queue[0] is not ticket:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                line.changed.wait(remaining)
-                self._tiers.check_open(key)
-        return True
+            if not line.queue and not self._held.get(key) and self._lines.get(key) is line:
+                del self._lines[key]
 
-    def _take(
-        self,
-        key: str,
-        permits: int,
-        options: tuple[float, bool, OnLost | None],
-        deadline: float | None,
-    ) -> Hold | None:
-        """Poll the backend for a permit of ``key`` until ``deadline``."""
-        tiers = self._tiers
-        shared = shared_holds(tiers.backend, key)
-        ttl, renew, on_lost = options
-        owner = Owner.current()
-        lease = ttl if renew else None
-        sent = 0.0
-
-        def try_once(limit: float | None) -> tuple[str, int] | None:
-            nonlocal sent
-            sent = time.monotonic()
-            return shared.try_permit(key, permits, owner, ttl, lease, limit)
-
+    def _wait(self, key: str, line: _Line, want: _Want, deadline: float | None) -> Hold | None:
+        """Wait in ``line`` until a permit is passed to ``want`` or, at the head, the
+        backend grants one; ``None`` once ``deadline`` has passed. ``want`` leaves the
+        line however this ends."""
+        tries = _Tries(self._tiers.backend, key, self._tiers.poll_interval)
         try:
-            check = lambda: tiers.check_open(key)  # noqa: E731
-            taken = poll(tiers.backend, key, try_once, deadline, tiers.poll_interval, check)
+            with self._mutex:
+                try:
+                    return self._wait_in_line(key, line, want, deadline, tries)
+                finally:
+                    line.queue.remove(want)
+                    want.listening = False
+                    if line.queue:
+                        line.queue[0].woken.notify()  # (it may head the line now)
+        finally:
+            tries.close()
+
+    def _wait_in_line(
+        self, key: str, line: _Line, want: _Want, deadline: float | None, tries: _Tries
+    ) -> Hold | None:
+        """``_wait``'s loop, under the mutex but while it asks the backend or sleeps."""
+        while want.passed is None:
+            now = time.monotonic()
+            expired = deadline is not None and now >= deadline
+            head = line.queue[0] is want
+            ready = max(tries.next_try, line.courteous_until)
+            if head and (now >= ready or expired):
+                want.listening = False
+                with unlocked(self._mutex):
+                    tries.arm()
+                    hold = self._try(key, line.permits, want.request, deadline)
+                want.listening = True
+                if hold is not None or expired:
+                    return hold
+                tries.missed()
+                continue
+            if expired:
+                return None
+            until = ready if head else None
+            if deadline is not None:
+                until = deadline if until is None else min(until, deadline)
+            seconds = None if until is None else until - now
+            if (
+                seconds is not None
+                and head
+                and not self._held.get(key)
+                and now >= line.courteous_until
+            ):
+                # Nothing of this process's to pass: only a release in the database
+                # frees a permit, and its doorbell says when.
+                want.listening = False
+                with unlocked(self._mutex):
+                    tries.pause(seconds)
+                want.listening = True
+            else:
+                want.woken.wait(seconds)
+            self._tiers.check_open(key)
+        return want.passed
+
+    def _try(self, key: str, permits: int, request: Request, deadline: float | None) -> Hold | None:
+        """Ask the backend once for a permit of ``key``; the new hold is the process's."""
+        tiers = self._tiers
+        owner = request.owner
+        sent = time.monotonic()
+        limit = None if deadline is None else max(0.0, deadline - sent)
+        lease = request.ttl if request.renew else None
+        try:
+            taken = shared_holds(tiers.backend, key).try_permit(
+                key, permits, owner, request.ttl, lease, limit
+            )
         except BaseException as exc:
-            self._discard(key, permits, owner.owner_id, certain=not isinstance(exc, LockError))
+            # An interrupted try may have taken any slot: sweep each for its owner.
+            certain = not isinstance(exc, LockError)
+            for slot in range(permits):
+                tiers.backend.discard(permit_key(key, slot), owner.owner_id, certain=certain)
             raise
         if taken is None:
             return None
         row, token = taken
-        return Hold(row, owner, token, ttl, renew, sent, reporting(key, on_lost))
+        hold = Hold(row, owner, token, request.ttl, request.renew, sent, request.on_lost)
+        with self._mutex:
+            self._held[key] = self._held.get(key, 0) + 1
+        tiers.heartbeat.add(hold)
+        return hold
 
-    def _discard(self, key: str, permits: int, owner_id: str, *, certain: bool) -> None:
-        """An interrupted try may have taken any slot: sweep each for ``owner_id``."""
-        for slot in range(permits):
-            self._tiers.backend.discard(permit_key(key, slot), owner_id, certain=certain)
+    # -- release ---------------------------------------------------------------------
 
     def release(self, key: str) -> None:
         holds = self._holds(key)
         if not holds:
             raise NotHeldError(key)
         hold = holds.pop()
+        self._tiers.counters.add("releases")
+        self._let_go(key, hold)
+
+    def _let_go(self, key: str, hold: Hold) -> None:
+        """Pass ``hold``, a permit of ``key``, to the first thread of the process that
+        waits for one and can take it, or give it back to the database."""
         tiers = self._tiers
-        tiers.counters.add("releases")
+        line = self._lines.get(key)
+        if line is not None and line.queue and not hold.lost:
+            if not tiers.cohorts.goes_on(hold, key):
+                # The cohort ended while other processes may wait: they try first.
+                line.courteous_until = time.monotonic() + COURTESY_PAUSE
+            elif self._pass(line, hold):
+                tiers.counters.add("local_handoffs")
+                return
         tiers.heartbeat.remove(hold)
         try:
             # (a hold out of lease is lost; its row, if still ours, goes too)
@@ -174,13 +305,38 @@ class Permits:
                 line = self._lines.get(key)
                 if line is not None:
                     if line.queue:
-                        line.changed.notify_all()
+                        line.queue[0].woken.notify()  # (its poller may try now)
                     elif key not in self._held:
                         del self._lines[key]
         if not released:
             if not hold.lost:
                 tiers.heartbeat.lost(hold, "its row was gone before its release", sweep=False)
             raise LockLostError(key, hold.token)
+
+    def _pass(self, line: _Line, hold: Hold) -> bool:
+        """Pass ``hold`` to the first thread of ``line`` that listens for a pass, if it
+        may go to it in memory."""
+        with self._mutex:
+            for want in line.queue:
+                if want.listening and want.passed is None:
+                    if not passes_locally(hold, want.request):
+                        return False
+                    pass_locally(hold, want.request)
+                    want.passed = hold
+                    want.woken.notify()
+                    return True
+        return False
+
+    def _give_back_quietly(self, key: str, hold: Hold) -> None:
+        """Pass on or give back ``hold``, which an interrupted acquire got."""
+        try:
+            self._let_go(key, hold)
+        except LockError as exc:
+            logger.warning(
+                "passing on a permit of %r after an interrupted acquire failed: %s", key, exc
+            )
+
+    # -- what a thread holds -----------------------------------------------------------
 
     def latest(self, key: str) -> Hold | None:
         holds = self._holds(key)
@@ -205,7 +361,8 @@ class Permits:
         """Wake every waiting thread, to find the manager closed."""
         with self._mutex:
             for line in self._lines.values():
-                line.changed.notify_all()
+                for want in line.queue:
+                    want.woken.notify()
 
     def count(self, key: str) -> int:
         """Permits of ``key`` held in this process."""

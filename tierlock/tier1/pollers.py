@@ -1,9 +1,9 @@
-"""What tier 1 of read holds and of permits share: the one poller of a key in a
-process, which tries the backend until it grants or the deadline passes, pausing
-between tries on the key's doorbell; and small helpers.
+"""What tier 1 of read holds and of permits share: the one poller of a key's read
+holds in a process, which tries the backend until it grants or the deadline passes,
+pausing between tries on the key's doorbell; and small helpers.
 
-(The exclusive hold's poller, in ``tiers``, also lets other processes go first after a
-cohort of local hand-offs; read holds and permits are not handed off.)
+(The exclusive hold's poller, in ``tiers``, and the permits' head of the line, in
+``permits``, also take holds passed on by threads of the process.)
 """
 
 from __future__ import annotations
