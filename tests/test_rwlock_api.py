@@ -7,6 +7,7 @@ handle does alike in ``test_handle_api``; the helpers these share are in ``rwhel
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -412,6 +413,29 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
             joined = [sent for name, sent in driver_statements.sent[before:] if name == me]
     selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
     assert len(selects) == (1 if db == "mariadb" else 0), joined
+
+
+def test_a_reader_leaves_in_as_few_statements_as_its_database_allows(
+    make_manager: MakeManager, key: str, db: str, driver_statements: DriverStatements
+) -> None:
+    """A reader leaving a group that others still read deletes its row and counts
+    itself out in one statement on PostgreSQL (a transaction of two elsewhere), and,
+    where the count-out says how many remain (PostgreSQL, SQLite), sends nothing to
+    end the group; MariaDB, which cannot say, looks for an empty group after."""
+    first, other = make_manager(), make_manager()
+    me = threading.current_thread().name
+    with first.read_lock(key):
+        other_read = other.read_lock(key)
+        other_read.acquire()
+        before = len(driver_statements.sent)
+        other_read.release()
+        left = [sent for name, sent in driver_statements.sent[before:] if name == me]
+        assert [(info.pid, info.mode) for info in other.holders()] == [(os.getpid(), "shared")]
+    looks_for_empty = [sent for sent in left if "members <=" in sent]
+    if db == "postgresql":
+        assert len(left) == 1, left
+    assert bool(looks_for_empty) == (db == "mariadb"), left
+    assert first.holders() == []  # the last reader ended the group
 
 
 @pytest.mark.mariadb

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     delete,
+    exists,
     func,
     literal,
     null,
@@ -78,8 +79,20 @@ class SharedStatements:
         # group_open(key, group): a row if that group still takes members.
         self.group_open = select(c.token).where(this_group & open_group & ~_expired(table))
 
-        # count_out(key, group): that group counts one member fewer.
-        self.count_out = update(table).where(this_group).values(members=c.members - 1)
+        # count_out(key, group): that group counts one member fewer. count_out_members:
+        # the same, giving the members it counts now (where UPDATE ... RETURNING exists).
+        count_out = update(table).where(this_group).values(members=c.members - 1)
+        self.count_out = count_out
+        self.count_out_members = count_out.returning(c.members) if update_returning else None
+
+        # leave_group(reader, owner, key, group), PostgreSQL: the reader's row of owner
+        # deleted and counted out of that group, in one statement; the members the group
+        # counts now (no row: the reader's row or the group was gone).
+        self.leave_group = None
+        if dialect_name == "postgresql":
+            owned = (c.lock_key == bindparam("reader")) & (c.owner_id == bindparam("owner"))
+            gone = delete(table).where(owned).returning(c.token).cte("gone")
+            self.leave_group = count_out.where(exists(select(gone.c.token))).returning(c.members)
 
         # delete_empty_group(key, group): 1 row if that group had no member left, nor a
         # writer waiting, and is gone. reserve_empty_group(key, group): 1 row if that
@@ -188,6 +201,8 @@ class SharedQueries(Queries):
     select_group: Query
     group_open: Query
     count_out: Query
+    count_out_members: Query | None = None
+    leave_group: Query | None = None
     delete_empty_group: Query
     reserve_empty_group: Query
     writer_waits: Query

@@ -137,16 +137,30 @@ class Sharing:
         rows = link.execute(queries.select_group, {"key": key}).rows
         return int(rows[0][0]) if rows else None
 
-    def leave(self, link: Link, key: str, owner_id: str, group: int) -> bool:
-        """Delete the reader's row and count it out of ``group``, in one transaction;
-        ``False`` if the row or its group was gone (the hold was lost). The caller then deletes the
-        group if it is empty, apart, so that a retry of either repeats nothing."""
-        params = {"key": reader_key(key, owner_id), "owner": owner_id}
+    def leave(self, link: Link, key: str, owner_id: str, group: int) -> int | None:
+        """Delete the reader's row and count it out of ``group``, in one transaction
+        (PostgreSQL: one statement); ``None`` if the row or its group was gone (the hold
+        was lost; the group gone means a writer took it over once its lease ended), else
+        the members the group still counts (0 where the database cannot say: perhaps
+        none). The caller then deletes the group if it is empty, apart, so that a retry
+        of either repeats nothing."""
+        queries, reader = self.queries, reader_key(key, owner_id)
+        this_group = {"key": key, "group": group}
+        if queries.leave_group is not None:
+            rows = link.execute(
+                queries.leave_group, {**this_group, "reader": reader, "owner": owner_id}
+            ).rows
+            return int(rows[0][0]) if rows else None
         with link.transaction():
-            if link.execute(self.plain.delete_owned, params).rowcount != 1:
-                return False
-            # The group gone means a writer took it over once its lease ended.
-            return self._count_out(link, key, group)
+            if (
+                link.execute(self.plain.delete_owned, {"key": reader, "owner": owner_id}).rowcount
+                != 1
+            ):
+                return None
+            if queries.count_out_members is None:
+                return 0 if self._count_out(link, key, group) else None
+            rows = link.execute(queries.count_out_members, this_group).rows
+            return int(rows[0][0]) if rows else None
 
     def _count_out(self, link: Link, key: str, group: int) -> bool:
         """``group`` counts one member fewer; ``False`` if it is gone."""
@@ -315,15 +329,18 @@ class SQLSharedHolds(SharedHolds):
     def unshare(self, key: str, owner_id: str, group: int, live_until: float) -> bool:
         steps, run = self._steps, self._backend.run
 
-        def attempt(link: Link, uncertain: bool) -> bool:
-            if steps.leave(link, key, owner_id, group):
-                return True
-            return uncertain and time.monotonic() < live_until  # (see SQLBackend.release)
+        def attempt(link: Link, uncertain: bool) -> int | None:
+            members = steps.leave(link, key, owner_id, group)
+            if members is None and uncertain and time.monotonic() < live_until:
+                return 0  # (an earlier try left, it seems; see SQLBackend.release)
+            return members
 
-        left: bool = run("release", key, attempt)
-        if left and run("release", key, lambda link, _: steps.drop_if_empty(link, key, group)):
+        members: int | None = run("release", key, attempt)
+        if members == 0 and run(
+            "release", key, lambda link, _: steps.drop_if_empty(link, key, group)
+        ):
             self._backend.announce(key)
-        return left
+        return members is not None
 
     def still_open(self, key: str, group: int) -> bool:
         return self._backend.run(
