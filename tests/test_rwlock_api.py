@@ -402,17 +402,28 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
 ) -> None:
     """A reader of another process joining an open group counts itself in with the
     group's UPDATE, which returns the group's token where UPDATE ... RETURNING exists
-    (PostgreSQL, SQLite); MariaDB reads it with a SELECT after."""
+    (PostgreSQL, SQLite); MariaDB reads it with a SELECT after. On PostgreSQL the
+    join, or the founding of the group, and the reader's row are one statement."""
     first, other = make_manager(), make_manager()
-    with other.lock(f"{key}:warm"):  # (the manager's first statements are behind it)
-        pass
+    me = threading.current_thread().name
+    for manager in (first, other):
+        with manager.lock(f"{key}:warm"):  # (the manager's first statements are behind it)
+            pass
+
+    def sent_by_me(before: int) -> list[str]:
+        return [sent for name, sent in driver_statements.sent[before:] if name == me]
+
+    before = len(driver_statements.sent)
     with first.read_lock(key):
-        me = threading.current_thread().name
+        founded = sent_by_me(before)
         before = len(driver_statements.sent)
         with other.read_lock(key):
-            joined = [sent for name, sent in driver_statements.sent[before:] if name == me]
+            joined = sent_by_me(before)
     selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
     assert len(selects) == (1 if db == "mariadb" else 0), joined
+    if db == "postgresql":
+        assert len(founded) == len(joined) == 1, (founded, joined)
+    assert first.holders() == []
 
 
 def test_a_reader_leaves_in_as_few_statements_as_its_database_allows(

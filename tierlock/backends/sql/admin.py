@@ -19,7 +19,7 @@ from .table import REAP_BATCH
 
 if TYPE_CHECKING:
     from .running import Runner
-    from .sharing import SQLSharedHolds
+    from .sharedholds import SQLSharedHolds
     from .wakeups import WakeUps
 
 __all__ = ["TableAdmin"]

@@ -38,7 +38,7 @@ from .rows import insert_params, listed_params
 from .running import SPARE_CONNECTIONS, Runner
 from .schema import prepare_table
 from .shared import SharedQueries, SharedStatements
-from .sharing import SQLSharedHolds
+from .sharedholds import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
 from .table import (
     Statements,

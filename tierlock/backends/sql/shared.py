@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     BigInteger,
     Column,
     Float,
@@ -16,9 +17,11 @@ from sqlalchemy import (
     literal,
     null,
     select,
+    union_all,
     update,
 )
-from sqlalchemy.sql.expression import ColumnElement, Delete, Update
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
 
 from .columns import larger, unindexed, utc_after, utc_now
 from .queries import Queries, Query
@@ -29,8 +32,10 @@ from .table import (
     SHARED,
     _between,
     _expired,
+    holder_values,
     key_serialiser,
     listed,
+    process_values,
 )
 
 __all__ = ["SharedQueries", "SharedStatements"]
@@ -60,8 +65,9 @@ class SharedStatements:
         # lock, so a writer's insert of the key cannot draw before it and win after it
         # left (its token would be below the reader's).
         joinable = group_is & (unindexed(c.expires_at) > utc_now()) & open_group
+        serialised = key_serialiser(table).cte("serialised")
         if dialect_name == "postgresql":
-            joinable &= key_serialiser(table).cte("serialised").c.locked.is_not(None)
+            joinable &= serialised.c.locked.is_not(None)
         join = (
             update(table)
             .where(joinable)
@@ -72,6 +78,17 @@ class SharedStatements:
             )
         )
         self.join_group = join.returning(c.token) if update_returning else join
+
+        # join_or_found(key, reader, group_owner, and an insert's parameters but key),
+        # PostgreSQL: join_group, or found the group (owned by group_owner) if the key has
+        # no row, and insert the reader's row under the key reader, in one statement under
+        # the key's advisory lock; the reader's token, the group's, and 1 if it founded
+        # the group. No row: neither could be done in the statement's snapshot (the key is
+        # held, a writer waits, or a reader founded the group while this one waited for
+        # the lock), and ``Sharing.join`` goes the long way.
+        self.join_or_found = None
+        if dialect_name == "postgresql":
+            self.join_or_found = _join_or_found(table, join.returning(c.token), serialised)
 
         # select_group(key): the token of the key's group row, if it has one.
         self.select_group = select(c.token).where(group_is)
@@ -185,6 +202,49 @@ class SharedStatements:
         )
 
 
+def _join_or_found(table: Table, join: Update, serialised: CTE) -> Insert:
+    """``SharedStatements.join_or_found`` from ``join``, which returns the token of the
+    group it joined, and ``serialised``, the key's advisory lock."""
+    c = table.c
+    joined = join.cte("joined")
+    founder = {
+        **holder_values(),
+        **process_values(),
+        "owner_id": bindparam("group_owner"),
+        "lease": bindparam("ttl", type_=Float),
+        "mode": literal(GROUP),
+        "members": literal(1),
+    }
+    founded = (
+        postgresql.insert(table)
+        .from_select(
+            list(founder), _row(founder).select_from(serialised).where(~exists(joined.select()))
+        )
+        .on_conflict_do_nothing(index_elements=[c.lock_key])
+        .returning(c.token)
+        .cte("founded")
+    )
+    groups = union_all(joined.select(), founded.select()).cte("chosen")
+    member = {
+        **holder_values(),
+        **process_values(),
+        "lock_key": bindparam("reader"),
+        "mode": literal(SHARED),
+        "parent": groups.c.token,
+    }
+    was_founded = select(func.count()).select_from(founded).scalar_subquery()
+    return (
+        postgresql.insert(table)
+        .from_select(list(member), _row(member).select_from(serialised, groups))
+        .on_conflict_do_nothing(index_elements=[c.lock_key])
+        .returning(c.token, c.parent, was_founded)
+    )
+
+
+def _row(values: dict[str, ColumnElement[Any]]) -> Select[Any]:
+    return select(*(value.label(name) for name, value in values.items()))
+
+
 def _announced(statement: Delete | Update, key: Column[Any], channel: str | None) -> Any:
     """``statement``; on PostgreSQL (``channel`` given), also a NOTIFY of the key of each
     row it deletes or changes, as tierlock's releases send."""
@@ -198,6 +258,7 @@ class SharedQueries(Queries):
     """``SharedStatements`` compiled for one dialect."""
 
     join_group: Query
+    join_or_found: Query | None = None
     select_group: Query
     group_open: Query
     count_out: Query

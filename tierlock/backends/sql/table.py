@@ -157,6 +157,17 @@ def holder_values(suffix: str = "") -> dict[str, ColumnElement[Any]]:
     }
 
 
+def process_values() -> dict[str, ColumnElement[Any]]:
+    """The values of an inserted row that name the holder's process, bound as
+    ``host_name``, ``host_identity``, ``proc`` and ``proc_started``."""
+    return {
+        "host": bindparam("host_name"),
+        "pid": bindparam("proc"),
+        "host_id": bindparam("host_identity"),
+        "proc_start": bindparam("proc_started", type_=BigInteger),
+    }
+
+
 # The values of an inserted row that vary with each acquire.
 HOLDER = holder_values()
 
@@ -196,10 +207,7 @@ class Statements:
         self.insert_if_absent: Insert = self.insert_of(
             {
                 **HOLDER,
-                "host": bindparam("host_name"),
-                "pid": bindparam("proc"),
-                "host_id": bindparam("host_identity"),
-                "proc_start": bindparam("proc_started", type_=BigInteger),
+                **process_values(),
                 "mode": bindparam("mode", type_=String),
                 "members": bindparam("members", type_=Integer),
                 "permits": bindparam("permits", type_=Integer),
