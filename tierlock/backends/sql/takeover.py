@@ -5,7 +5,10 @@ has ended or its holder process is proven gone (on this host). A key that one of
 process's tries found held by a live holder is not read again for ``HOLDER_MEMORY``
 seconds: a hot key held elsewhere then costs one statement per try (the insert) instead
 of two, and a takeover comes at most that much later. The memory only ever spares a
-read; whether the key is free is always the insert's answer.
+read; whether the key is free is always the insert's answer. A row that keeps readers
+out but lets a writer in (a group a writer waits for, a row reserved for writers) is
+remembered for the process's readers only: a writer reads it at each try, so that it
+takes the key as soon as the group's last reader has left, not up to that much later.
 """
 
 from __future__ import annotations
@@ -51,12 +54,15 @@ class Takeover:
         self._queries = queries
         self._counters = counters
         self._writer_waits = writer_waits
-        # Until when each key's holder counts as alive (time.monotonic()).
+        # Until when each key's holder counts as alive (time.monotonic()), for writers
+        # and readers, and for readers only.
         self._alive_until: dict[str, float] = {}
+        self._readers_out_until: dict[str, float] = {}
 
     def forget(self, key: str) -> None:
         """``key`` was won by this process: its last holder is no longer news."""
         self._alive_until.pop(key, None)
+        self._readers_out_until.pop(key, None)
 
     def free_held_row(
         self, link: Link, key: str, *, writer: bool = True, wait: float | None = None
@@ -70,6 +76,8 @@ class Takeover:
         now = time.monotonic()
         if now < self._alive_until.get(key, now):
             return False
+        if not writer and now < self._readers_out_until.get(key, now):
+            return False
         rows = link.execute(self._queries.select_holder, {"key": key}).records()
         if not rows:
             return True  # released since the insert: try again at once
@@ -80,7 +88,7 @@ class Takeover:
                 return Reserved(row["token"])
             if row["expired"] and link.count(self._queries.delete_row, params):
                 return True
-            remember(self._alive_until, key, now + HOLDER_MEMORY)
+            remember(self._readers_out_until, key, now + HOLDER_MEMORY)
             return False
         if row["expired"]:
             if not link.count(self._queries.delete_expired_row, params):
@@ -89,11 +97,12 @@ class Takeover:
             self._counters.add("takeovers")
             return True
         if row["mode"] == GROUP:
-            # Readers hold it, whoever founded the group: a writer waits for them (its
-            # mark keeps new readers out for longer than the memory lasts).
-            if writer and self._writer_waits(link, key, row["token"], wait):
-                return True
-            remember(self._alive_until, key, now + HOLDER_MEMORY)
+            # Readers hold it, whoever founded the group: a writer waits for them, and
+            # reads the row again at its next try, which its readers' leaving may ring
+            # for (its mark keeps new readers out meanwhile).
+            if writer:
+                return self._writer_waits(link, key, row["token"], wait)
+            remember(self._readers_out_until, key, now + HOLDER_MEMORY)
             return False
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
             remember(self._alive_until, key, now + HOLDER_MEMORY)
