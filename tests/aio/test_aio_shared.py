@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from aiohelpers import Gate, Holder, Opener, rows, run, run_with_one_worker, settled, swept
 from conftest import SHARED_HOLDS, MakeManager
+from counting import HEARTBEAT, DriverStatements
 
 import tierlock
 from tierlock.aio import AsyncReadLock, AsyncSemaphore
@@ -240,5 +241,39 @@ def test_cancelled_while_its_downgrade_is_in_flight(opener: Opener, key: str) ->
             follower = Holder(locks.lock(key))
             assert await follower.holds()
             await follower.release()
+
+    run(main)
+
+
+def test_a_released_permit_passes_to_a_waiting_task_with_no_statement(
+    opener: Opener, key: str, driver_statements: DriverStatements
+) -> None:
+    """Permits are held by the process in the event loop too: a task that releases one
+    while another task of its manager waits passes it on in memory, one token higher."""
+
+    async def main() -> None:
+        async with opener() as locks:
+            first = Holder(locks.semaphore(key, 1))
+            assert await first.holds()
+            waiting = Holder(locks.semaphore(key, 1))
+
+            def between_tries() -> bool:  # (its poller asked once, and pauses)
+                line = locks._shares._lines.get((key, True))
+                asked = driver_statements.count(but=HEARTBEAT) > before
+                return asked and line is not None and bool(line.waiters) and line.asking is None
+
+            before = driver_statements.count(but=HEARTBEAT)
+            while not between_tries():
+                await asyncio.sleep(0.005)
+            before = driver_statements.count(but=HEARTBEAT)
+            await first.release()
+            assert await waiting.holds()
+            assert driver_statements.count(but=HEARTBEAT) == before
+            assert first.token is not None
+            assert waiting.token == first.token + 1
+            assert locks.stats().local_handoffs == 1
+            await waiting.release()
+            await settled(locks)
+            assert await rows(locks) == []
 
     run(main)

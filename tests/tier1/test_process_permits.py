@@ -4,6 +4,7 @@ among its threads still lets other processes in (the cohort's bound)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from interrupts import Interrupted, Steps, interrupting
 from polling import wait_until
 
 import tierlock
+import tierlock.aio
 from tierlock.tier1 import passing as passing_module
 
 pytestmark = SHARED_HOLDS
@@ -157,19 +159,43 @@ def _pass_permits(url: str, table: str, key: str, passing: Event, stop: Event) -
         raise failures[0]
 
 
+def _pass_permits_in_tasks(url: str, table: str, key: str, passing: Event, stop: Event) -> None:
+    """``_pass_permits`` with eight tasks of an event loop instead of threads."""
+    passing_module.CONFIRMED_WITHIN = 2 * LONG
+
+    async def main() -> None:
+        async with tierlock.aio.AsyncLockManager(url, table=table) as locks:
+
+            async def work() -> None:
+                sem = locks.semaphore(key, 1)
+                while not stop.is_set():
+                    async with sem:
+                        await asyncio.sleep(0.0005)
+                    if locks.stats().local_handoffs >= 100:
+                        passing.set()
+
+            await asyncio.wait_for(asyncio.gather(*(work() for _ in range(8))), LONG)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "passer", [_pass_permits, _pass_permits_in_tasks], ids=["threads", "tasks"]
+)
 def test_a_process_passing_permits_lets_other_processes_in(
     make_manager: MakeManager,
     db_url: str,
     table: str,
     key: str,
     children: procs.Children,
+    passer: Callable[..., None],
 ) -> None:
-    """While eight threads of another process pass the one permit among themselves,
-    a waiter here gets in: the other process's cohort ends and gives the permit back
-    while it is waited for (after 5 ms), and its next thread lets this one try first
-    (for 20 ms). Without that bound the other process keeps the permit forever."""
+    """While eight threads (or tasks) of another process pass the one permit among
+    themselves, a waiter here gets in: the other process's cohort ends and gives the
+    permit back while it is waited for (after 5 ms), and its next waiter lets this one
+    try first (for 20 ms). Without that bound the other process keeps the permit forever."""
     passing, stop = procs.CTX.Event(), procs.CTX.Event()
-    children.start(_pass_permits, url=db_url, table=table, key=key, passing=passing, stop=stop)
+    children.start(passer, url=db_url, table=table, key=key, passing=passing, stop=stop)
     try:
         assert passing.wait(LONG), "the other process did not pass its permit"
         sem = make_manager().semaphore(key, 1)

@@ -3,7 +3,11 @@
 Each task's read hold or permit is a hold of its own in the backend (a reader row, a
 slot), with a lease, renewal and ``on_lost``. Tasks that wait for a key queue first
 come, first served; one poller per key asks the backend for the head, gives what it
-gets to that task (or back, if the task has left), and goes on with the next. A task
+gets to that task (or back, if the task has left), and goes on with the next. A permit
+released while tasks wait for one passes to the first of them (the one the poller is
+not asking for, if another waits) with no statement, within a cohort's bound, as a
+thread's does (see ``tier1.permits``); when the cohort ends, the permit goes back to
+the database and the poller lets other processes try first. A task
 that holds the write hold of a key reads under it with no statement; if it releases
 the write hold first, the row becomes its read hold with no moment in which the key
 is free. A task that holds only a read hold and asks for the write hold gets
@@ -21,6 +25,8 @@ from ..backends import Doorbell, SharedHolds
 from ..errors import LockError, LockLostError, NotHeldError
 from ..keys import permit_key, reader_key
 from ..records import Hold, Owner
+from ..tier1.cohorts import COURTESY_PAUSE
+from ..tier1.passing import pass_locally, passes_locally
 from ..tier1.pollers import reporting, shared_holds
 from ..tier1.tiers import FIRST_POLL, OnLost
 from .core import Core
@@ -36,12 +42,14 @@ Got = tuple[Hold, int]
 class _Line:
     """Tasks waiting for one key, and the key's poller."""
 
-    __slots__ = ("permits", "poller", "waiters")
+    __slots__ = ("asking", "courteous_until", "permits", "poller", "waiters")
 
     def __init__(self, permits: int) -> None:
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.poller: asyncio.Task[None] | None = None
         self.permits = permits  # what the process's semaphores of the key agree on (0: reads)
+        self.asking: Waiter | None = None  # whom the poller asks the backend for now
+        self.courteous_until = 0.0  # the poller lets other processes try first until then
 
 
 class _Held:
@@ -207,7 +215,30 @@ class Shares:
         got = held.holds.pop()
         if not held.holds:
             del self._held[(key, task, True)]
-        await self._let_go(key, got)
+        if not self._pass_permit(key, got[0]):
+            await self._let_go(key, got)
+
+    def _pass_permit(self, key: str, hold: Hold) -> bool:
+        """Pass ``hold``, a permit of ``key``, to a task waiting for one, with no
+        statement, if the cohort's bound allows; when it does not, the key's poller
+        lets other processes try first."""
+        line = self._lines.get((key, True))
+        if line is None or hold.lost:
+            return False
+        waiting = [waiter for waiter in line.waiters if not waiter.future.done()]
+        if not waiting:
+            return False
+        if not self._core.cohorts.within(hold):
+            line.courteous_until = time.monotonic() + COURTESY_PAUSE
+            return False
+        waiter = next((each for each in waiting if each is not line.asking), waiting[0])
+        if not passes_locally(hold, waiter):
+            return False
+        pass_locally(hold, waiter)
+        hold.on_lost = reporting(key, waiter.on_lost)
+        self._core.counters.add("local_handoffs")
+        waiter.answer((hold, 0))
+        return True
 
     # -- what both share -------------------------------------------------------------
 
@@ -269,7 +300,7 @@ class Shares:
                 if not line.waiters:
                     return
                 waiter = line.waiters[0]
-                got = await self._try(key, line.permits, waiter, doorbell)
+                got = await self._ask_for(key, line, waiter, doorbell)
                 if got is not None:
                     if waiter.future.done() or core.closed:
                         core.spawn(self._let_go(key, got))
@@ -287,6 +318,24 @@ class Shares:
                     pause = min(pause * 2, core.poll_interval)
         finally:
             await self._stopped(key, line, doorbell)
+
+    async def _ask_for(
+        self, key: str, line: _Line, waiter: Waiter, doorbell: Doorbell | None
+    ) -> Got | None:
+        """``_try`` for the head of ``line``, once other processes had their turn after
+        a cohort of passes ended."""
+        courtesy = line.courteous_until - time.monotonic()
+        if waiter.deadline is not None:
+            courtesy = min(courtesy, waiter.deadline - time.monotonic())
+        if courtesy > 0:
+            await asyncio.sleep(courtesy)
+            if waiter.future.done():  # (passed a permit meanwhile)
+                return None
+        line.asking = waiter
+        try:
+            return await self._try(key, line.permits, waiter, doorbell)
+        finally:
+            line.asking = None
 
     async def _stopped(self, key: str, line: _Line, doorbell: Doorbell | None) -> None:
         """The poller of ``key`` ends, with its line."""
