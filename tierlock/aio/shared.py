@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
 
 from ..backends import Doorbell, SharedHolds
 from ..errors import LockError, LockLostError, NotHeldError
-from ..keys import permit_key, reader_key
+from ..keys import reader_key
 from ..records import Hold, Owner
 from ..tier1.cohorts import COURTESY_PAUSE
 from ..tier1.passing import pass_locally, passes_locally
@@ -31,12 +30,10 @@ from ..tier1.pollers import reporting, shared_holds
 from ..tier1.tiers import FIRST_POLL, OnLost
 from .core import Core
 from .exclusive import Exclusive
+from .sharetries import Got, one_try, sweeper
 from .waiters import Waiter, current_task, extend_hold
 
 __all__ = ["Shares"]
-
-# What the poller gets for a waiter: its hold, and the group a read hold joined.
-Got = tuple[Hold, int]
 
 
 class _Line:
@@ -355,8 +352,8 @@ class Shares:
         core = self._core
         sent = time.monotonic()
         limit = None if waiter.deadline is None else max(0.0, waiter.deadline - sent)
-        attempt = self._attempt(self._shared(key), key, permits, waiter, doorbell, limit)
-        sweep = self._sweeper(key, permits, waiter.owner)
+        attempt = one_try(self._shared(key), key, permits, waiter, doorbell, limit)
+        sweep = sweeper(core.backend, key, permits, waiter.owner)
         try:
             got = await core.call(attempt, undo=sweep)
         except (LockError, ValueError) as exc:
@@ -366,54 +363,6 @@ class Shares:
         if got is not None:
             core.heartbeat.add(got[0])
         return got
-
-    def _attempt(
-        self,
-        shared: SharedHolds,
-        key: str,
-        permits: int,
-        waiter: Waiter,
-        doorbell: Doorbell | None,
-        limit: float | None,
-    ) -> Callable[[], Got | None]:
-        """One try for ``waiter``, to run in a statement thread."""
-        owner, ttl, renew = waiter.owner, waiter.ttl, waiter.renew
-        lease = ttl if renew else None
-        on_lost = reporting(key, waiter.on_lost)
-
-        def attempt() -> Got | None:
-            if doorbell is not None:
-                doorbell.arm()
-            sent = time.monotonic()
-            if permits:
-                taken = shared.try_permit(key, permits, owner, ttl, lease, limit)
-                if taken is None:
-                    return None
-                slot, token = taken
-                hold, group = Hold(slot, owner, token, ttl, renew, sent, on_lost), 0
-            else:
-                share = shared.try_share(key, owner, ttl, lease, limit)
-                if share is None:
-                    return None
-                row = reader_key(key, owner.owner_id)
-                hold = Hold(row, owner, share.token, ttl, renew, sent, on_lost)
-                group = share.group
-            return hold, group
-
-        return attempt
-
-    def _sweeper(self, key: str, permits: int, owner: Owner) -> Callable[[], None]:
-        """Make sure no row of ``owner`` stays, after a try whose outcome went unseen."""
-        backend = self._core.backend
-        rows = [permit_key(key, slot) for slot in range(permits)] or [
-            reader_key(key, owner.owner_id)
-        ]
-
-        def sweep() -> None:
-            for row in rows:
-                backend.discard(row, owner.owner_id, certain=True)
-
-        return sweep
 
     async def _let_go(self, key: str, got: Got) -> None:
         """Release a read hold or permit in the database.
