@@ -14,6 +14,7 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    insert,
     literal,
     null,
     select,
@@ -89,6 +90,23 @@ class SharedStatements:
         self.join_or_found = None
         if dialect_name == "postgresql":
             self.join_or_found = _join_or_found(table, join.returning(c.token), serialised)
+
+        # insert_member(key, owner, ..., parent: as insert_if_absent's), MariaDB/MySQL:
+        # a reader's row, inserted with VALUES, not INSERT ... SELECT: InnoDB then draws
+        # its token under a short mutex instead of the table's AUTO-INC lock held to the
+        # statement's end, which deadlocked readers joining other keys at once. (A reader's
+        # row is only ever inserted by its owner, so no other insert of its key can draw
+        # in between, and a writer of the key can win only once the group is gone, after
+        # every member drew.)
+        self.insert_member = None
+        if dialect_name in ("mysql", "mariadb"):
+            member = {
+                **holder_values(),
+                **process_values(),
+                "mode": literal(SHARED),
+                "parent": bindparam("parent", type_=BigInteger),
+            }
+            self.insert_member = insert(table).values(member).prefix_with("IGNORE")
 
         # select_group(key): the token of the key's group row, if it has one.
         self.select_group = select(c.token).where(group_is)
@@ -259,6 +277,7 @@ class SharedQueries(Queries):
 
     join_group: Query
     join_or_found: Query | None = None
+    insert_member: Query | None = None
     select_group: Query
     group_open: Query
     count_out: Query

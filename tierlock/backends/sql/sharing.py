@@ -44,14 +44,13 @@ rows could stand, and no transaction is held open.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ... import process
 from ...keys import MARK, permit_key, reader_key, user_key
 from ...stats import Counters
 from .link import Link
-from .queries import Queries
+from .queries import Queries, Query
 from .shared import SharedQueries
 from .table import GROUP, PERMIT, SHARED
 
@@ -76,6 +75,14 @@ def slot_range(key: str, kind: str) -> dict[str, str]:
     return {"under": f"{key}{MARK}{kind}", "above": f"{key}{MARK}{chr(ord(kind) + 1)}"}
 
 
+class Inserter(Protocol):
+    """The backend's insert-if-absent (``SQLBackend.insert_row``)."""
+
+    def __call__(
+        self, link: Link, params: dict[str, Any], query: Query | None = None
+    ) -> int | None: ...
+
+
 class Sharing:
     """The steps of read holds and permits, each on a link of the backend's; see the
     module docstring."""
@@ -84,7 +91,7 @@ class Sharing:
         self,
         queries: Queries,
         shared: SharedQueries,
-        insert: Callable[[Link, dict[str, Any]], int | None],
+        insert: Inserter,
         counters: Counters,
     ) -> None:
         """``insert(link, params)``: the backend's insert-if-absent, giving the new
@@ -119,7 +126,8 @@ class Sharing:
                 group = self._join_group(link, key, params["ttl"])
             if group is None:
                 return None
-            token = self._insert(link, self._member(key, params, group))
+            member = self._member(key, params, group)
+            token = self._insert(link, member, self.queries.insert_member)
         if token is None:  # (an earlier try of the owner inserted it after all)
             raise RuntimeError(f"a reader's row of {key!r} exists already")
         return token, group
@@ -254,7 +262,7 @@ class Sharing:
             if link.execute(queries.to_group, held).rowcount != 1:
                 return None
             group = int(link.execute(queries.select_group, {"key": key}).rows[0][0])
-            token = self._insert(link, self._member(key, params, group))
+            token = self._insert(link, self._member(key, params, group), self.queries.insert_member)
         assert token is not None
         return token, group
 
