@@ -514,3 +514,36 @@ def test_a_writer_takes_the_row_reserved_for_it_whatever_readers_of_its_process_
     assert reader_tries() is False  # closed to readers
     reserved = writer_tries()
     assert type(reserved).__name__ == "Reserved", reserved
+
+
+def test_a_writer_leaves_a_group_that_still_counts_readers_to_them(
+    make_manager: MakeManager, key: str, driver_statements: DriverStatements
+) -> None:
+    """A writer that finds readers in a group marks it and sends nothing to end it
+    while it counts live readers: the last of them ends it, leaving the row to the
+    writer, which then gets in."""
+    manager, other = make_manager(), make_manager()
+    me = threading.current_thread().name
+    reader = other.read_lock(key)
+    assert reader.acquire(timeout=5)
+    before = len(driver_statements.sent)
+    assert not manager.write_lock(key).acquire(timeout=0.1)
+    tried = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    assert tried, "the writer asked"
+    assert [sent for sent in tried if "members <=" in sent] == [], tried
+    got: list[bool] = []
+
+    def write() -> None:
+        writer = manager.write_lock(key)
+        got.append(writer.acquire(timeout=30))
+        if got[-1]:
+            writer.release()
+
+    waiting = threading.Thread(target=write, name="writer")
+    waiting.start()
+    # (its first try marked the group: insert, holder's row, mark, the readers' rows)
+    wait_until(lambda: driver_statements.count(thread="writer") >= 4, "the writer's try")
+    reader.release()
+    waiting.join(30)
+    assert got == [True]
+    assert other.holders() == []

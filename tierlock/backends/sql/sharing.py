@@ -202,16 +202,23 @@ class Sharing:
         """Whether ``group`` takes members (no writer waits)."""
         return bool(link.execute(self.queries.group_open, {"key": key, "group": group}).rows)
 
-    def writer_waits(self, link: Link, key: str, group: int, wait: float | None) -> bool:
-        """A writer found ``key`` held by the live group ``group``: close it to new
-        readers if the writer will wait (for ``wait`` seconds; ``None``: no limit),
-        count out readers whose lease ended or whose process is gone, and delete the
-        group if it is empty; ``True`` if it is gone, so the writer inserts again."""
+    def writer_waits(
+        self, link: Link, key: str, group: int, members: int, wait: float | None
+    ) -> bool:
+        """A writer found ``key`` held by the live group ``group`` of ``members``
+        readers: close it to new readers if the writer will wait (for ``wait`` seconds;
+        ``None``: no limit), count out readers whose lease ended or whose process is
+        gone, and delete the group if that left it empty; ``True`` if it is gone, so the
+        writer inserts again. (A group that still counts readers is left to the last of
+        them, whose leave sees the mark and leaves the row to writers.)"""
         if wait is None or wait > 0:
             mark = WRITER_WAIT if wait is None else min(wait, WRITER_WAIT)
             link.execute(self.queries.writer_waits, {"key": key, "wait": mark})
+        freed = 0
         for row in link.execute(self.queries.select_under, slot_range(key, "r")).records():
-            self._free_reader(link, key, row)
+            freed += self._free_reader(link, key, row)
+        if members > freed:
+            return False
         return self.drop_if_empty(link, key, group)
 
     def _free_reader(self, link: Link, key: str, row: dict[str, Any]) -> bool:

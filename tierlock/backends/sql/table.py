@@ -220,10 +220,17 @@ class Statements:
         if dialect_name == "postgresql":
             self.serialise_key = key_serialiser(table)
 
-        # select_holder(key): the holder's row (its token, and who and where it is) with
-        # the database's verdict on its lease; no row if the key is free.
+        # select_holder(key): the holder's row (its token, and who and where it is, and a
+        # group's members) with the database's verdict on its lease; no row if the key is
+        # free.
         self.select_holder = select(
-            c.token, c.host_id, c.pid, c.proc_start, c.mode, _expired(table).label("expired")
+            c.token,
+            c.host_id,
+            c.pid,
+            c.proc_start,
+            c.mode,
+            c.members,
+            _expired(table).label("expired"),
         ).where(key_is)
 
         # delete_expired_row(key, row): 1 row if that row of the key was removed because

@@ -47,10 +47,11 @@ class Takeover:
         self,
         queries: Queries,
         counters: Counters,
-        writer_waits: Callable[[Link, str, int, float | None], bool],
+        writer_waits: Callable[[Link, str, int, int, float | None], bool],
     ) -> None:
-        """``writer_waits(link, key, group, wait)``: for a writer that found the key held
-        by the readers of group ``group`` (see ``sharing``); ``True`` if they are gone."""
+        """``writer_waits(link, key, group, members, wait)``: for a writer that found the
+        key held by the ``members`` readers of group ``group`` (see ``sharing``); ``True``
+        if they are gone."""
         self._queries = queries
         self._counters = counters
         self._writer_waits = writer_waits
@@ -101,7 +102,7 @@ class Takeover:
             # reads the row again at its next try, which its readers' leaving may ring
             # for (its mark keeps new readers out meanwhile).
             if writer:
-                return self._writer_waits(link, key, row["token"], wait)
+                return self._writer_waits(link, key, row["token"], row["members"] or 0, wait)
             remember(self._readers_out_until, key, now + HOLDER_MEMORY)
             return False
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
