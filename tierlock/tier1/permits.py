@@ -14,10 +14,10 @@ may be waiting (``cohorts``). Only then does the slot go back to the database, a
 next local waiter lets the other processes try first. So statements follow only the net
 change of the process's permits.
 
-A pass reaches a waiter that waits on the line's condition: any thread behind the head,
-and the head between its tries while the process holds permits of the key (a release
-of one wakes it). With none held, the head pauses on the backend's doorbell instead,
-which only a release in the database rings, so nothing is passed to it then.
+A pass reaches a waiter that waits on its own condition in the line: any thread behind
+the head, and the head between its tries while the process holds permits of the key (a
+release of one wakes it). With none held, the head pauses on the backend's doorbell
+instead, which only a release in the database rings, so nothing is passed to it then.
 """
 
 from __future__ import annotations
