@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import procs
 from rwboard import MODE_NAMES, PERMIT, READ, VIOLATIONS, WRITE, Board, RWReport, Timeline
 
+from tierlock.tier1 import readholds
+
 # How the soak's threads choose: the share of reads, writes and permits.
 MIX = ((READ, 0.5), (WRITE, 0.2), (PERMIT, 0.3))
 TRY_SHARE = 0.25  # holds that begin with one try without waiting, skipped if it fails
@@ -375,16 +377,26 @@ def hold_shared(
     permits: int | None,
     ttl: float,
     held: Event,
+    kept: bool = False,
 ) -> None:
     """Take a read hold of ``key`` (``permits=None``) or a permit of its semaphore with
-    lease ``ttl``, set ``held`` and keep it until killed."""
+    lease ``ttl``, set ``held`` and keep it until killed. ``kept``: read the key twice
+    and release it, so that the process keeps the hold with no thread in it (with a
+    join window that outlasts the test)."""
     manager = procs.open_manager(url, table)
     hold: Hold = (
         manager.read_lock(key, ttl=ttl)
         if permits is None
         else manager.semaphore(key, permits, ttl=ttl)
     )
-    if not hold.acquire(timeout=procs.WAIT_LIMIT):
+    if kept:
+        readholds.JOIN_WINDOW = readholds.READ_AGAIN = procs.HOLD_LIMIT
+        for _ in range(2):
+            hold.acquire()
+            hold.release()
+        if not manager.holders():
+            raise AssertionError(f"the hold of {key!r} was not kept")
+    elif not hold.acquire(timeout=procs.WAIT_LIMIT):
         raise AssertionError(f"could not take {key!r}")
     held.set()
     time.sleep(procs.HOLD_LIMIT)  # holds until the parent's SIGKILL comes

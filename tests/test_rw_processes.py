@@ -48,7 +48,7 @@ WRITER_HOLD = 0.2
 # database (a new reader process was refused) must not get in before the writer. The
 # room is for an answer "the readers' group is open" that was under way at that moment:
 # the readers of a process that read-holds the key may join its hold with no statement
-# for a moment after such an answer (tierlock.tier1.reading.JOIN_WINDOW, 0.05 s).
+# for a moment after such an answer (tierlock.tier1.readholds.JOIN_WINDOW, 0.05 s).
 VISIBLE_AFTER = 0.1
 PROBE_PAUSE = 0.002  # how often the test tries a new reader while the writer waits
 READERS_SHARING = 8
@@ -291,11 +291,14 @@ def kill_while_waited_for(
     *,
     permits: int | None,
     waiter: Waiter,
+    kept: bool = False,
 ) -> float:
     """Start a child that takes a read hold of ``key`` (``permits=None``) or a permit of
     its semaphore of ``permits``, with a lease of ``DEAD_TTL``. Once it holds and the
     waiter's hold has been refused, start the waiter and SIGKILL the child; return how
-    long after the kill the waiter got its hold."""
+    long after the kill the waiter got its hold. ``kept``: the child's process keeps its
+    read hold with no thread in it; the waiter starts after the kill (a living keeper
+    gives its hold back to a writer that waits, on PostgreSQL at once)."""
     held = procs.CTX.Event()
     holder = children.start(
         rwsoak.hold_shared,
@@ -305,13 +308,17 @@ def kill_while_waited_for(
         permits=permits,
         ttl=DEAD_TTL,
         held=held,
+        kept=kept,
     )
     assert held.wait(procs.WAIT_LIMIT)
     assert not tried(waiter.hold), "the child's hold kept nobody out"
-    waiter.start()  # (it may be waiting in the database already when the child dies)
+    if not kept:
+        waiter.start()  # (it may be waiting in the database already when the child dies)
     assert holder.pid is not None
     killed_at = time.monotonic()
     os.kill(holder.pid, signal.SIGKILL)
+    if kept:
+        waiter.start()
     waiter.join(RECLAIM_LIMIT + procs.WAIT_LIMIT)
     holder.join(procs.WAIT_LIMIT)
     assert holder.exitcode == -signal.SIGKILL
@@ -358,4 +365,23 @@ def test_read_hold_of_killed_holder_does_not_keep_a_writer_out(
     host out for no more than a few seconds; the writer's hold then keeps readers out."""
     waiter = Waiter(manager.write_lock(key), lambda: not tried(others.read_lock(key)))
     took = kill_while_waited_for(children, db_url, table, key, permits=None, waiter=waiter)
+    print(f"the writer got in {took:.3f} s after the kill")
+
+
+@pytest.mark.slow
+def test_read_hold_kept_by_a_killed_process_does_not_keep_a_writer_out(
+    manager: tierlock.LockManager,
+    others: tierlock.LockManager,
+    db_url: str,
+    table: str,
+    key: str,
+    children: procs.Children,
+) -> None:
+    """A read hold that a process keeps for its next reader, with no thread in it, keeps
+    a writer on this host out for no more than a few seconds once the process is killed
+    with SIGKILL (lease 30 s), as a held one does."""
+    waiter = Waiter(manager.write_lock(key), lambda: not tried(others.read_lock(key)))
+    took = kill_while_waited_for(
+        children, db_url, table, key, permits=None, waiter=waiter, kept=True
+    )
     print(f"the writer got in {took:.3f} s after the kill")

@@ -136,6 +136,13 @@ class LockBackend(abc.ABC):
         (else never: the holder learns at its next renewal). It must be quick."""
         return None
 
+    def watch_wanted(self, told: Callable[[str], None]) -> bool:
+        """From now on call ``told(key)``, in a thread of the backend's, when another
+        process's poller or try without waiting marks ``key`` wanted, where the store
+        carries such marks to this process at once; ``False`` where it does not (then
+        ``others_waiting`` asks). It must be quick."""
+        return False
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         """Whether pollers in other processes wait for ``key``, which this process
         holds (``ringing``: with a doorbell kept by its poller), or tries without waiting

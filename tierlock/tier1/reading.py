@@ -3,14 +3,11 @@
 Reader threads of one manager share one read hold of a key in the backend while they
 overlap: the first asks the backend, and the others join it with no statement. One
 thread at a time asks the backend for a key; readers that arrive meanwhile wait for
-its answer and join the hold it gets.
-
-Joining without a statement could keep a key read-held by the process for ever and
-starve a writer elsewhere, who can only close the group in the database. So a reader
-joins freely only within ``JOIN_WINDOW`` of the last time the group was known open;
-after that, one reader asks once whether a writer waits (and the window starts again).
-If one does, no reader joins any more: the process's readers drain, its read hold is
-released, and new readers ask the backend, which makes them wait for the writer.
+its answer and join the hold it gets. A reader joins freely only while the group is
+known open (``readholds``, which also keeps holds between readers); after that, one
+reader asks once whether a writer waits (and the window starts again). If one does, no
+reader joins any more: the process's readers drain, its read hold is released, and new
+readers ask the backend, which makes them wait for the writer.
 
 A thread that holds the key exclusively takes a read hold with no statement (it is
 *covered* by the write hold); when it releases the write hold first, the hold becomes
@@ -30,47 +27,12 @@ from ..errors import LockError, LockLostError, NotHeldError
 from ..keys import reader_key
 from ..records import Hold, Owner
 from .pollers import poll, reporting, shared_holds, unlocked
+from .readholds import KeyReads, ProcessReads
 
 if TYPE_CHECKING:
     from .tiers import OnLost, Tiers
 
 __all__ = ["Readers"]
-
-# How long after the group was last known open a reader joins the process's read hold
-# with no statement: this bounds how long readers of the process keep a waiting writer
-# out, on top of the longest read critical section.
-JOIN_WINDOW = 0.05
-
-
-class _Key:
-    """One key's readers in this process."""
-
-    __slots__ = (
-        "changed",
-        "closed",
-        "group",
-        "hold",
-        "open_at",
-        "polling",
-        "readers",
-        "tries",
-        "waiting",
-    )
-
-    def __init__(self, mutex: threading.Lock) -> None:
-        self.changed = threading.Condition(mutex)
-        self.readers = 0  # threads inside, through ``hold``
-        self.hold: Hold | None = None  # the process's read hold
-        self.group = 0  # the backend's group of readers that ``hold`` joined
-        self.open_at = 0.0  # time.monotonic() when the group was last known open
-        self.closed = False  # a writer waits: no more joining
-        self.polling = False  # a thread is asking the backend
-        self.waiting = 0  # threads waiting here
-        self.tries = 0  # questions to the backend answered so far
-
-    @property
-    def unused(self) -> bool:
-        return not (self.readers or self.waiting or self.polling or self.hold)
 
 
 class _Read:
@@ -93,12 +55,13 @@ class Readers:
 
     def __init__(self, tiers: Tiers) -> None:
         self._tiers = tiers
+        self._holds = ProcessReads(tiers)
         self.reset()
 
     def reset(self) -> None:
         """Forget every read hold; used in a forked child, which holds nothing."""
-        self._mutex = threading.Lock()
-        self._keys: dict[str, _Key] = {}
+        self._holds.reset()
+        self._mutex = self._holds.mutex
         self._local = threading.local()
         self._used = False  # no thread took a read hold yet: writers need not look
 
@@ -134,9 +97,7 @@ class Readers:
         started = time.monotonic()
         deadline = None if wait is None else started + wait
         with self._mutex:
-            entry = self._keys.get(key)
-            if entry is None:
-                entry = self._keys[key] = _Key(self._mutex)
+            entry = self._holds.entry(key)
             entry.waiting += 1
             try:
                 options = (ttl, renew, on_lost)
@@ -144,7 +105,7 @@ class Readers:
                     return False
             finally:
                 entry.waiting -= 1
-                self._drop_if_unused(key, entry)
+                self._holds.drop_if_unused(key, entry)
         reads[key] = _Read(False)
         tiers.counters.acquired(key, 0.0)
         return True
@@ -152,7 +113,7 @@ class Readers:
     def _enter(
         self,
         key: str,
-        entry: _Key,
+        entry: KeyReads,
         shared: SharedHolds,
         options: tuple[float, bool, OnLost | None],
         started: float,
@@ -166,11 +127,14 @@ class Readers:
         while True:
             self._tiers.check_open(key)
             hold = entry.hold
-            if hold is not None and not hold.alive():
+            if hold is not None and (hold.lost or not hold.alive()):
                 entry.closed = True  # (its readers drain; the next asks the backend)
-            if hold is not None and not hold.lost and not entry.closed:
-                if time.monotonic() - entry.open_at < JOIN_WINDOW:
-                    entry.readers += 1
+            if entry.kept and entry.closed:
+                self._holds.end_kept(key, entry)
+                continue
+            if hold is not None and not entry.closed:
+                if entry.known_open():
+                    self._join(key, entry, hold, options[2])
                     return True
                 if not entry.polling:
                     self._recheck(key, entry, shared)
@@ -187,9 +151,9 @@ class Readers:
                     return False
                 if entry.hold is not None:  # (a downgrade made one meanwhile)
                     with unlocked(self._mutex):
-                        self._give_back(key, *got)
+                        self._holds.give_back(key, *got)
                     continue
-                self._install(entry, *got)
+                self._holds.install(key, entry, *got)
                 return True
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -198,7 +162,13 @@ class Readers:
                 remaining = None  # (one answer: the backend's timeout bounds it)
             entry.changed.wait(remaining)
 
-    def _recheck(self, key: str, entry: _Key, shared: SharedHolds) -> None:
+    @staticmethod
+    def _join(key: str, entry: KeyReads, hold: Hold, on_lost: OnLost | None) -> None:
+        if not entry.readers:  # (a kept hold: this reader is the one told of its loss)
+            hold.on_lost = reporting(key, on_lost)
+        entry.readers += 1
+
+    def _recheck(self, key: str, entry: KeyReads, shared: SharedHolds) -> None:
         """Ask whether ``entry``'s group still takes readers (called with the mutex
         held, which it lets go meanwhile)."""
         entry.polling = True
@@ -217,7 +187,7 @@ class Readers:
     def _take(
         self,
         key: str,
-        entry: _Key,
+        entry: KeyReads,
         shared: SharedHolds,
         options: tuple[float, bool, OnLost | None],
         deadline: float | None,
@@ -257,24 +227,6 @@ class Readers:
             tiers.backend.discard(row, owner.owner_id, certain=not isinstance(exc, LockError))
             raise
 
-    def _install(self, entry: _Key, hold: Hold, group: int) -> None:
-        entry.hold, entry.group = hold, group
-        entry.open_at = time.monotonic()
-        entry.closed = False
-        entry.readers += 1
-        self._tiers.heartbeat.add(hold)
-
-    def _give_back(self, key: str, hold: Hold, group: int) -> bool:
-        """Release the process's read hold ``hold`` in the backend; ``False`` if lost."""
-        self._tiers.heartbeat.remove(hold)
-        # (a hold out of lease is lost; its row, if still ours, goes too)
-        believed = hold.alive()
-        return self._shared(key).unshare(key, hold.owner_id, group, hold.live_until) and believed
-
-    def _drop_if_unused(self, key: str, entry: _Key) -> None:
-        if entry.unused and self._keys.get(key) is entry:
-            del self._keys[key]
-
     # -- release -------------------------------------------------------------------
 
     def release(self, key: str) -> None:
@@ -292,7 +244,7 @@ class Readers:
                 raise LockLostError(key)
             return
         with self._mutex:
-            entry = self._keys[key]
+            entry = self._holds.keys[key]
             hold = entry.hold
             assert hold is not None
             entry.readers -= 1
@@ -300,20 +252,11 @@ class Readers:
                 if hold.lost:
                     raise LockLostError(key, hold.token)
                 return
+            if self._holds.keep(key, entry, hold):
+                return
             entry.hold = None
             entry.polling = True  # (no other thread asks the backend until this is done)
-        released = False
-        try:
-            released = self._give_back(key, hold, entry.group)
-        finally:
-            with self._mutex:
-                entry.polling = False
-                entry.closed = False
-                entry.changed.notify_all()
-                self._drop_if_unused(key, entry)
-        if not released:
-            if not hold.lost:
-                self._tiers.heartbeat.lost(hold, "its row was gone before its release", sweep=False)
+        if not self._holds.end(key, entry, hold):
             raise LockLostError(key, hold.token)
 
     # -- with the write hold -------------------------------------------------------
@@ -329,6 +272,7 @@ class Readers:
                 "would wait for itself: release the read hold first",
                 key,
             )
+        self._holds.end_kept_now(key)  # (else it would keep this thread out)
 
     def downgrade(self, key: str) -> bool:
         """If the calling thread's last level of its write hold of ``key`` is released
@@ -364,10 +308,7 @@ class Readers:
         mine = Hold(row, reader, share.token, read.ttl, read.renew, sent)
         mine.on_lost = reporting(key, read.on_lost)
         with self._mutex:
-            entry = self._keys.get(key)
-            if entry is None:
-                entry = self._keys[key] = _Key(self._mutex)
-            self._install(entry, mine, share.group)
+            self._holds.install(key, self._holds.entry(key), mine, share.group)
         read.covered = False
         return True
 
@@ -379,7 +320,7 @@ class Readers:
             return None
         if read.covered:
             return read, None
-        return read, self._keys[key].hold
+        return read, self._holds.keys[key].hold
 
     def owned(self, key: str) -> bool:
         held = self._hold(key)
@@ -417,11 +358,8 @@ class Readers:
             raise LockLostError(key, hold.token)
 
     def close(self) -> None:
-        """Wake every waiting thread, to find the manager closed."""
-        with self._mutex:
-            for entry in self._keys.values():
-                entry.changed.notify_all()
+        self._holds.close()
 
     def is_held(self, key: str) -> bool:
-        entry = self._keys.get(key)
+        entry = self._holds.keys.get(key)
         return entry is not None and entry.readers > 0

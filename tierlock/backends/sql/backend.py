@@ -350,6 +350,9 @@ class SQLBackend(TableAdmin, LockBackend):
     def ask_for_renewals(self, renew_now: Callable[[str | None], None]) -> None:
         self._wakeups.watch_forced(renew_now)
 
+    def watch_wanted(self, told: Callable[[str], None]) -> bool:
+        return self._wakeups.watch_wanted(told)
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)
 

@@ -10,7 +10,9 @@ holder's heartbeat still finds a deleted row, so a lost notification (the connec
 dropped, the server restarted) costs at most a pause or a beat.
 
 Who waits for a key is told on the same channel, so that a holder can tell whether
-other processes want the key it passes between its threads (``waiting``). A poller
+other processes want the key it passes between its threads (``waiting``), and a
+process that keeps a read hold learns at once that a writer waits (``watch_wanted``;
+a writer's mark on a group of readers goes out with it, ``WRITER``). A poller
 marks its key wanted while it waits, for ``POLLER_MARK`` at a time, marking again
 before the mark ends; a try without waiting marks it for the seconds tier 1 asks
 (``want``). Marks go out on a second connection, whose own marks the listener ignores.
@@ -40,7 +42,7 @@ from ...keys import user_key
 from ...memories import remember, remember_later
 from .. import Doorbell
 
-__all__ = ["FORCED", "POLLING", "WANTED", "Listener", "channel_name"]
+__all__ = ["FORCED", "POLLING", "WANTED", "WRITER", "Listener", "channel_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ FORCED = "\x1bforced:"
 # poller: they try again after their pauses.)
 WANTED = "\x1bwanted:"
 POLLING = "\x1bpolling:"
+# What a writer's mark on a group of readers sends before the key (``writer_waits``):
+# heard by every process, the writer's own too, as a mark for ``watch_wanted``.
+WRITER = "\x1bwriter:"
 # How long a poller's mark lasts: long enough that a poller that waits long sends few
 # marks, short enough that a listener soon knows that nobody waits (KNOWN_AFTER).
 POLLER_MARK = 0.5
@@ -90,6 +95,7 @@ class Listener:
         self._mutex = threading.Lock()
         self._bells: dict[str, threading.Event] = {}
         self._forced: Callable[[str], None] | None = None
+        self._wanted_told: Callable[[str], None] | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._listening_since: float | None = None  # (time.monotonic())
@@ -165,6 +171,13 @@ class Listener:
             self._forced = told
             self._start()
 
+    def watch_wanted(self, told: Callable[[str], None]) -> None:
+        """Call ``told(key)`` for every mark of another process, and every writer's
+        mark on a group of readers, heard from now on."""
+        with self._mutex:
+            self._wanted_told = told
+            self._start()
+
     def _start(self) -> None:
         """(With the mutex held.)"""
         if self._thread is None and not self._stopped.is_set():
@@ -205,10 +218,18 @@ class Listener:
                 self._stopped.wait(LISTEN_SLICE)
 
     def _heard(self, payload: str, pid: int) -> None:
+        if payload.startswith(WRITER):
+            told = self._wanted_told
+            if told is not None:
+                told(user_key(payload[len(WRITER) :]))
+            return
         for kind, marks in ((WANTED, self._wanted), (POLLING, self._polled)):
             if payload.startswith(kind):
                 if pid != self._sender_pid:  # (this process's own say nothing of others)
-                    _heard_mark(marks, payload[len(kind) :])
+                    key = _heard_mark(marks, payload[len(kind) :])
+                    told = self._wanted_told
+                    if key is not None and told is not None:
+                        told(key)
                 return
         if payload.startswith(FORCED):
             payload = payload[len(FORCED) :]  # (pollers of the key may go now too)
@@ -258,10 +279,12 @@ class _Bell(Doorbell):
             del bells[self._key]
 
 
-def _heard_mark(marks: dict[str, float], text: str) -> None:
-    """Another process marked a key wanted: ``<milliseconds>:<key>``."""
+def _heard_mark(marks: dict[str, float], text: str) -> str | None:
+    """Another process marked a key wanted: ``<milliseconds>:<key>``; the key."""
     milliseconds, _, key = text.partition(":")
     if not milliseconds.isdigit():
-        return
+        return None
     until = time.monotonic() + min(int(milliseconds) / 1000, POLLER_MARK)
-    remember_later(marks, user_key(key), until)
+    key = user_key(key)
+    remember_later(marks, key, until)
+    return key

@@ -25,6 +25,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
 
 from .columns import larger, unindexed, utc_after, utc_now
+from .notify import WRITER
 from .queries import Queries, Query
 from .table import (
     GROUP,
@@ -143,8 +144,12 @@ class SharedStatements:
         self.reserve_empty_group = _announced(reserve, c.lock_key, channel)
 
         # writer_waits(key, wait): the key's group takes no new member for wait seconds.
-        self.writer_waits = (
-            update(table).where(group_is).values(waiting=utc_after(bindparam("wait", type_=Float)))
+        # (PostgreSQL: announced as a writer's mark, for processes that keep read holds.)
+        self.writer_waits = _announced(
+            update(table).where(group_is).values(waiting=utc_after(bindparam("wait", type_=Float))),
+            c.lock_key,
+            channel,
+            WRITER,
         )
 
         # select_under(under, above): the rows of readers or permits of a key.
@@ -263,13 +268,16 @@ def _row(values: dict[str, ColumnElement[Any]]) -> Select[Any]:
     return select(*(value.label(name) for name, value in values.items()))
 
 
-def _announced(statement: Delete | Update, key: Column[Any], channel: str | None) -> Any:
+def _announced(
+    statement: Delete | Update, key: Column[Any], channel: str | None, kind: str = ""
+) -> Any:
     """``statement``; on PostgreSQL (``channel`` given), also a NOTIFY of the key of each
-    row it deletes or changes, as tierlock's releases send."""
+    row it deletes or changes, after ``kind`` (``notify``), as tierlock's releases send."""
     if channel is None:
         return statement
     changed = statement.returning(key).cte("changed")
-    return select(func.pg_notify(literal(channel), changed.c.lock_key))
+    payload = literal(kind) + changed.c.lock_key if kind else changed.c.lock_key
+    return select(func.pg_notify(literal(channel), payload))
 
 
 class SharedQueries(Queries):

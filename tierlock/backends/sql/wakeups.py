@@ -54,6 +54,12 @@ class WakeUps:
         if self._listener is not None:
             self._listener.watch_forced(told)
 
+    def watch_wanted(self, told: Callable[[str], None]) -> bool:
+        if self._listener is None:
+            return False
+        self._listener.watch_wanted(told)
+        return True
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         if self._listener is not None:
             return self._listener.waiting(key)
