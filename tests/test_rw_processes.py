@@ -353,6 +353,7 @@ def test_permit_of_killed_holder_comes_back_at_once(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kept", [False, True], ids=["held", "kept"])
 def test_read_hold_of_killed_holder_does_not_keep_a_writer_out(
     manager: tierlock.LockManager,
     others: tierlock.LockManager,
@@ -360,28 +361,13 @@ def test_read_hold_of_killed_holder_does_not_keep_a_writer_out(
     table: str,
     key: str,
     children: procs.Children,
+    kept: bool,
 ) -> None:
-    """A read hold of a process killed with SIGKILL (lease 30 s) keeps a writer on this
-    host out for no more than a few seconds; the writer's hold then keeps readers out."""
-    waiter = Waiter(manager.write_lock(key), lambda: not tried(others.read_lock(key)))
-    took = kill_while_waited_for(children, db_url, table, key, permits=None, waiter=waiter)
-    print(f"the writer got in {took:.3f} s after the kill")
-
-
-@pytest.mark.slow
-def test_read_hold_kept_by_a_killed_process_does_not_keep_a_writer_out(
-    manager: tierlock.LockManager,
-    others: tierlock.LockManager,
-    db_url: str,
-    table: str,
-    key: str,
-    children: procs.Children,
-) -> None:
-    """A read hold that a process keeps for its next reader, with no thread in it, keeps
-    a writer on this host out for no more than a few seconds once the process is killed
-    with SIGKILL (lease 30 s), as a held one does."""
+    """A read hold of a process killed with SIGKILL (lease 30 s), held by a thread or
+    kept by the process with no thread in it, keeps a writer on this host out for no
+    more than a few seconds; the writer's hold then keeps readers out."""
     waiter = Waiter(manager.write_lock(key), lambda: not tried(others.read_lock(key)))
     took = kill_while_waited_for(
-        children, db_url, table, key, permits=None, waiter=waiter, kept=True
+        children, db_url, table, key, permits=None, waiter=waiter, kept=kept
     )
     print(f"the writer got in {took:.3f} s after the kill")

@@ -16,9 +16,7 @@ that DELETE has committed, a thread of the process that asks for the key waits f
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 import time
 from typing import Any
 
@@ -26,6 +24,7 @@ from ..backends import LockBackend
 from ..errors import LockError
 from ..records import Hold
 from . import cohorts
+from .later import Later
 from .leases import Heartbeat
 from .local import Registry
 
@@ -43,15 +42,11 @@ class Keeper:
         self._registry = registry
         self._heartbeat = heartbeat
         self._backend = backend
-        self.forget()
+        self._later = Later("tierlock-keeper")
 
     def forget(self) -> None:
         """Start afresh: a forked child keeps nothing, and the parent's thread is gone."""
-        self._changed = threading.Condition(threading.Lock())
-        # In the order they end: every hold is kept for the same time.
-        self._kept: collections.deque[tuple[float, Hold]] = collections.deque()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
+        self._later.forget()
 
     def keep(self, hold: Hold) -> bool:
         """Keep the calling thread's released ``hold`` for the next thread of the process
@@ -61,49 +56,25 @@ class Keeper:
         if not self._registry.keep(hold.key):
             hold.on_lost, hold.keep_until = on_lost, 0.0
             return False
-        with self._changed:
-            if not self._stopped:  # (else the registry's close gave it to close())
-                self._kept.append((until, hold))
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="tierlock-keeper", daemon=True
-                    )
-                    self._thread.start()
-                elif len(self._kept) == 1:
-                    self._changed.notify()
+        # (Once stopped, the registry's close gives the hold to close().)
+        self._later.at(until, lambda: self._time_up(hold))
         return True
 
     def close(self, kept: list[Hold]) -> None:
         """Stop, and release ``kept``: the holds still kept, which the registry gave up."""
-        with self._changed:
-            self._stopped = True
-            self._kept.clear()
-            thread = self._thread
-            self._changed.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5.0)
+        self._later.stop()
         for hold in kept:
             self._release_row(hold)
 
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                while not self._stopped:
-                    now = time.monotonic()
-                    if self._kept and self._kept[0][0] <= now:
-                        break
-                    self._changed.wait(self._kept[0][0] - now if self._kept else None)
-                if self._stopped:
-                    return
-                _, hold = self._kept.popleft()
-            if not self._registry.drop_kept(hold.key, hold):
-                continue  # a thread took it
-            try:
-                self._release_row(hold)
-            except Exception:
-                logger.exception("releasing the kept lock %r failed", hold.key)
-            finally:
-                self._registry.released(hold.key)  # (threads that came meanwhile go on)
+    def _time_up(self, hold: Hold) -> None:
+        if not self._registry.drop_kept(hold.key, hold):
+            return  # a thread took it
+        try:
+            self._release_row(hold)
+        except Exception:
+            logger.exception("releasing the kept lock %r failed", hold.key)
+        finally:
+            self._registry.released(hold.key)  # (threads that came meanwhile go on)
 
     def _release_row(self, hold: Hold) -> None:
         """Release ``hold``'s row, which no thread holds, in the database."""

@@ -13,6 +13,10 @@ __all__ = ["Later"]
 
 logger = logging.getLogger(__name__)
 
+# How long ``stop`` waits for a call being made (a statement, which a database that
+# stopped answering may hold up until its own timeout) before it goes on without it.
+STOP_WAIT = 5.0
+
 
 class Later:
     """Runs each call given to ``at`` once its time has come, in the order of their
@@ -44,14 +48,14 @@ class Later:
         return True
 
     def stop(self) -> None:
-        """Drop the calls not yet made, and wait for one being made to end."""
+        """Drop the calls not yet made, and wait a little for one being made to end."""
         with self._changed:
             self._stopped = True
             self._due.clear()
             thread = self._thread
             self._changed.notify()
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(STOP_WAIT)
 
     def _run(self) -> None:
         while True:
