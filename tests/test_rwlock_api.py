@@ -433,6 +433,40 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
     assert first.holders() == []
 
 
+@pytest.mark.postgresql
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_a_reader_refused_by_a_writer_on_postgresql_is_told_so_by_its_join(
+    make_manager: MakeManager, key: str, driver_statements: DriverStatements
+) -> None:
+    """The one-statement join answers "a writer holds the key or waits" with a row of
+    its own, so a refused reader does not go on to the long way (a transaction of four
+    statements more), only to the holder's row, for a takeover."""
+    writers, readers = make_manager(), make_manager()
+    me = threading.current_thread().name
+    with writers.lock(key):
+        reader = readers.read_lock(key)
+        before = len(driver_statements.sent)
+        assert not reader.acquire(blocking=False)
+        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    assert len(sent) == 2, sent
+    assert "pg_advisory_xact_lock" in sent[0] and sent[1].lstrip().upper().startswith("SELECT")
+
+
+def test_a_writer_that_finds_live_readers_opens_no_transaction_for_them(
+    make_manager: MakeManager, key: str, driver_statements: DriverStatements
+) -> None:
+    """A writer's try looks through the readers' rows for dead ones to free; a live
+    reader's row needs no transaction, which would be two statements for nothing."""
+    readers, writers = make_manager(), make_manager()
+    me = threading.current_thread().name
+    with readers.read_lock(key):
+        writer = writers.lock(key)
+        before = len(driver_statements.sent)
+        assert not writer.acquire(blocking=False)
+        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    assert not [statement for statement in sent if statement.upper().startswith("BEGIN")], sent
+
+
 def test_a_reader_leaves_in_as_few_statements_as_its_database_allows(
     make_manager: MakeManager, key: str, db: str, driver_statements: DriverStatements
 ) -> None:

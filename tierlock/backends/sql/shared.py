@@ -22,7 +22,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
+from sqlalchemy.sql.expression import ColumnElement, Delete, Select, Update
 
 from .columns import larger, unindexed, utc_after, utc_now
 from .notify import WRITER
@@ -81,16 +81,25 @@ class SharedStatements:
         )
         self.join_group = join.returning(c.token) if update_returning else join
 
+        # read_blocked(key): a row if a writer holds the key or waits for it.
+        writer_waits = ((c.mode == GROUP) & (c.waiting > utc_now())) | (c.mode == RESERVED)
+        self.read_blocked = select(c.token).where(
+            key_is & ~_expired(table) & (c.mode.is_(None) | writer_waits)
+        )
+
         # join_or_found(key, reader, group_owner, and an insert's parameters but key),
         # PostgreSQL: join_group, or found the group (owned by group_owner) if the key has
         # no row, and insert the reader's row under the key reader, in one statement under
         # the key's advisory lock; the reader's token, the group's, and 1 if it founded
-        # the group. No row: neither could be done in the statement's snapshot (the key is
-        # held, a writer waits, or a reader founded the group while this one waited for
-        # the lock), and ``Sharing.join`` goes the long way.
+        # the group; a row of nulls if neither could be done because a writer holds the
+        # key or waits for it. No row: a reader founded the group while this one waited
+        # for the lock, unseen in the statement's snapshot, and ``Sharing.join`` goes the
+        # long way.
         self.join_or_found = None
         if dialect_name == "postgresql":
-            self.join_or_found = _join_or_found(table, join.returning(c.token), serialised)
+            self.join_or_found = _join_or_found(
+                table, join.returning(c.token), serialised, self.read_blocked
+            )
 
         # insert_member(key, owner, ..., parent: as insert_if_absent's), MariaDB/MySQL:
         # a reader's row, inserted with VALUES, not INSERT ... SELECT: InnoDB then draws
@@ -175,12 +184,6 @@ class SharedStatements:
             _between(table) & (c.owner_id == bindparam("owner"))
         )
 
-        # read_blocked(key): a row if a writer holds the key or waits for it.
-        writer_waits = ((c.mode == GROUP) & (c.waiting > utc_now())) | (c.mode == RESERVED)
-        self.read_blocked = select(c.token).where(
-            key_is & ~_expired(table) & (c.mode.is_(None) | writer_waits)
-        )
-
         # count_under(under, above): how many live rows of permits (or readers) a key has.
         self.count_under = select(func.count()).where(_between(table) & ~_expired(table))
 
@@ -225,9 +228,10 @@ class SharedStatements:
         )
 
 
-def _join_or_found(table: Table, join: Update, serialised: CTE) -> Insert:
+def _join_or_found(table: Table, join: Update, serialised: CTE, blocked: Select[Any]) -> Any:
     """``SharedStatements.join_or_found`` from ``join``, which returns the token of the
-    group it joined, and ``serialised``, the key's advisory lock."""
+    group it joined, ``serialised``, the key's advisory lock, and ``blocked``, which
+    finds a writer's row or mark."""
     c = table.c
     joined = join.cte("joined")
     founder = {
@@ -256,12 +260,15 @@ def _join_or_found(table: Table, join: Update, serialised: CTE) -> Insert:
         "parent": groups.c.token,
     }
     was_founded = select(func.count()).select_from(founded).scalar_subquery()
-    return (
+    inserted = (
         postgresql.insert(table)
         .from_select(list(member), _row(member).select_from(serialised, groups))
         .on_conflict_do_nothing(index_elements=[c.lock_key])
-        .returning(c.token, c.parent, was_founded)
+        .returning(c.token, c.parent, was_founded.label("founded"))
+        .cte("inserted")
     )
+    refused = select(null(), null(), null()).where(~exists(inserted.select()) & exists(blocked))
+    return union_all(select(inserted.c.token, inserted.c.parent, inserted.c.founded), refused)
 
 
 def _row(values: dict[str, ColumnElement[Any]]) -> Select[Any]:

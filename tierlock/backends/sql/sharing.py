@@ -114,6 +114,8 @@ class Sharing:
             rows = link.execute(self.queries.join_or_found, found).rows
             if rows:
                 token, group, founded = rows[0]
+                if token is None:
+                    return None  # (a writer holds the key or waits for it)
                 self._counters.add("inserts", 1 + founded)
                 return int(token), int(group)
         with link.transaction():
@@ -222,6 +224,8 @@ class Sharing:
         return self.drop_if_empty(link, key, group)
 
     def _free_reader(self, link: Link, key: str, row: dict[str, Any]) -> bool:
+        if not (row["expired"] or process.is_gone(row["host_id"], row["pid"], row["proc_start"])):
+            return False  # (a live reader: no transaction to open for nothing)
         with link.transaction():
             if not self._free(link, row):
                 return False
