@@ -31,7 +31,7 @@ from sqlalchemy import Engine, text
 
 import tierlock
 from tierlock.backends.basics import fencing_token
-from tierlock.backends.sql import SQLBackend
+from tierlock.backends.sql import SQLBackend, takeover
 
 pytestmark = SHARED_HOLDS
 
@@ -450,6 +450,30 @@ def test_a_reader_refused_by_a_writer_on_postgresql_is_told_so_by_its_join(
         sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
     assert len(sent) == 2, sent
     assert "pg_advisory_xact_lock" in sent[0] and sent[1].lstrip().upper().startswith("SELECT")
+
+
+def test_a_reader_refused_lately_asks_again_in_one_statement(
+    make_manager: MakeManager,
+    key: str,
+    driver_statements: DriverStatements,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader whose process found the key closed to readers a moment ago (a writer
+    holds it) asks again in one statement: PostgreSQL's join says "closed" itself;
+    elsewhere, where a refused join is a transaction of five, the reader looks first.
+    Once the writer has gone, the look lets it join."""
+    monkeypatch.setattr(takeover, "HOLDER_MEMORY", 60.0)  # ("a moment ago", however loaded)
+    writers, readers = make_manager(), make_manager()
+    me = threading.current_thread().name
+    reader = readers.read_lock(key)
+    with writers.lock(key):
+        assert not reader.acquire(blocking=False)
+        before = len(driver_statements.sent)
+        assert not reader.acquire(blocking=False)
+        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    assert len(sent) == 1, sent
+    assert reader.acquire(blocking=False), "the reader was kept out after the writer left"
+    reader.release()
 
 
 def test_a_writer_that_finds_live_readers_opens_no_transaction_for_them(

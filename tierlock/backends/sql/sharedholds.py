@@ -32,6 +32,7 @@ class SQLSharedHolds(SharedHolds):
             backend.queries, queries, backend.insert_row, backend.counters
         )
         self._queries = queries
+        self._look_first = queries.join_or_found is None  # (see _still_closed)
 
     def try_share(
         self, key: str, owner: Owner, ttl: float, lease: float | None, limit: float | None
@@ -45,6 +46,8 @@ class SQLSharedHolds(SharedHolds):
                 rows = link.execute(self._queries.select_reader, {"key": reader, **params}).rows
                 if rows:
                     return Share(fencing_token(rows[0][0], 0), rows[0][1])
+            if self._still_closed(link, key):
+                return None
             backend.limit_busy_wait(link, limit, SQLITE_LEAST_SHARED_WAIT)
             joined = steps.join(link, key, params)
             if joined is None and backend.takeover.free_held_row(link, key, writer=False):
@@ -59,6 +62,14 @@ class SQLSharedHolds(SharedHolds):
         return backend.run(
             "acquire", key, attempt, on_contention=self._refused(), owner=owner.owner_id
         )
+
+    def _still_closed(self, link: Link, key: str) -> bool:
+        """Whether ``key``, which a try of this process found closed to readers lately,
+        still is: where a refused join costs a transaction (not PostgreSQL's one
+        statement), one look says so for less."""
+        if not (self._look_first and self._backend.takeover.kept_readers_out(key)):
+            return False
+        return bool(link.execute(self._queries.read_blocked, {"key": key}).rows)
 
     def _refused(self) -> Callable[[], None] | None:
         """What a try that met contention gives: on SQLite, the file's write lock stayed

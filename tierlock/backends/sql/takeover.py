@@ -65,6 +65,12 @@ class Takeover:
         self._alive_until.pop(key, None)
         self._readers_out_until.pop(key, None)
 
+    def kept_readers_out(self, key: str) -> bool:
+        """Whether a try of this process found ``key`` closed to readers (held by a
+        live holder, or a writer waits) within the last ``HOLDER_MEMORY`` seconds."""
+        now = time.monotonic()
+        return now < max(self._alive_until.get(key, now), self._readers_out_until.get(key, now))
+
     def free_held_row(
         self, link: Link, key: str, *, writer: bool = True, wait: float | None = None
     ) -> bool | Reserved:
