@@ -138,9 +138,9 @@ class LockBackend(abc.ABC):
 
     def watch_wanted(self, told: Callable[[str], None]) -> bool:
         """From now on call ``told(key)``, in a thread of the backend's, when another
-        process's poller or try without waiting marks ``key`` wanted, where the store
-        carries such marks to this process at once; ``False`` where it does not (then
-        ``others_waiting`` asks). It must be quick."""
+        process's poller or try without waiting marks ``key`` wanted, or a writer marks
+        a group of its readers, where the store carries such marks to this process at
+        once; ``False`` where it does not. It must be quick."""
         return False
 
     def others_waiting(self, key: str, ringing: bool) -> bool | None:

@@ -279,7 +279,7 @@ def _announced(
     statement: Delete | Update, key: Column[Any], channel: str | None, kind: str = ""
 ) -> Any:
     """``statement``; on PostgreSQL (``channel`` given), also a NOTIFY of the key of each
-    row it deletes or changes, after ``kind`` (``notify``), as tierlock's releases send."""
+    row it deletes or changes, after ``kind`` (a prefix of ``notify``'s), as releases send."""
     if channel is None:
         return statement
     changed = statement.returning(key).cte("changed")
