@@ -401,3 +401,40 @@ def hold_shared(
     held.set()
     time.sleep(procs.HOLD_LIMIT)  # holds until the parent's SIGKILL comes
     raise AssertionError("the parent did not kill this process")
+
+
+def keep_then_read_again(
+    *,
+    url: str,
+    table: str,
+    key: str,
+    ttl: float,
+    kept: Event,
+    go: Event,
+    tried: Event,
+    results: Connection,
+) -> None:
+    """Keep a read hold of ``key`` (lease ``ttl``) with no thread in it and set
+    ``kept``; once ``go`` is set (the parent stopped this process past the lease and
+    took the write hold meanwhile), try a read hold without waiting and set ``tried``,
+    then wait for one; send whether the try got in, and the token of the hold waited for."""
+    readholds.JOIN_WINDOW = readholds.READ_AGAIN = procs.HOLD_LIMIT
+    manager = procs.open_manager(url, table)
+    reader = manager.read_lock(key, ttl=ttl)
+    for _ in range(2):
+        reader.acquire()
+        reader.release()
+    if not manager.holders():
+        raise AssertionError(f"the hold of {key!r} was not kept")
+    kept.set()
+    if not go.wait(procs.WAIT_LIMIT):
+        raise AssertionError("the parent did not let this process go on")
+    got_in = reader.acquire(blocking=False)
+    if got_in:
+        reader.release()
+    tried.set()
+    if not reader.acquire(timeout=procs.WAIT_LIMIT):
+        raise AssertionError(f"no read hold of {key!r} once the writer left")
+    results.send({"got_in": got_in, "token": reader.token})
+    reader.release()
+    manager.close()

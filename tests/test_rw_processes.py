@@ -371,3 +371,52 @@ def test_read_hold_of_killed_holder_does_not_keep_a_writer_out(
         children, db_url, table, key, permits=None, waiter=waiter, kept=kept
     )
     print(f"the writer got in {took:.3f} s after the kill")
+
+
+STOPPED_TTL = 1.0  # the lease of a reader process that gets stopped past it
+
+
+@pytest.mark.slow
+def test_a_read_hold_kept_by_a_process_stopped_past_its_lease_is_not_joined_after(
+    manager: tierlock.LockManager,
+    db_url: str,
+    table: str,
+    key: str,
+    children: procs.Children,
+) -> None:
+    """A process keeps its read hold (lease 1 s) with no thread in it and is stopped
+    with SIGSTOP; a writer takes the key over once the lease has ended. When the
+    process goes on, its next reader does not join the hold it kept, whose lease
+    ended while it was stopped: a try without waiting is refused while the writer
+    holds, and the hold it waits for comes after the writer's, with a higher token."""
+    kept, go, tried = procs.CTX.Event(), procs.CTX.Event(), procs.CTX.Event()
+    results, sender = procs.CTX.Pipe(duplex=False)
+    reader = children.start(
+        rwsoak.keep_then_read_again,
+        url=db_url,
+        table=table,
+        key=key,
+        ttl=STOPPED_TTL,
+        kept=kept,
+        go=go,
+        tried=tried,
+        results=sender,
+    )
+    sender.close()
+    assert kept.wait(procs.WAIT_LIMIT)
+    assert reader.pid is not None
+    writer = manager.write_lock(key)
+    os.kill(reader.pid, signal.SIGSTOP)
+    try:
+        assert writer.acquire(timeout=procs.WAIT_LIMIT), "the expired kept hold was not taken over"
+    finally:
+        os.kill(reader.pid, signal.SIGCONT)
+    go.set()
+    assert tried.wait(procs.WAIT_LIMIT)
+    token = writer.token
+    writer.release()
+    assert results.poll(procs.WAIT_LIMIT), "the reader process sent nothing"
+    outcome = results.recv()
+    children.join()
+    assert not outcome["got_in"], "the reader joined the hold it kept, which had expired"
+    assert token is not None and outcome["token"] > token
