@@ -148,7 +148,6 @@ def test_renewals_follow_a_failover(cluster: RedisCluster, signal_number: signal
         ).start()
         disowned: dict[str, float] = {}
         moved_at = None  # when the replica had renewed every hold it took over
-        told = 0  # failed renewals the heartbeat had come back from by the failover
         with contextlib.ExitStack() as later:
             looker = None  # a manager made after the failover: it knows the new primary
             while time.monotonic() < killed_at + 2 * TTL:
@@ -156,7 +155,6 @@ def test_renewals_follow_a_failover(cluster: RedisCluster, signal_number: signal
                     if not lock.owned():
                         disowned.setdefault(lock.key, time.monotonic() - killed_at)
                 if failover and looker is None:
-                    told = holder.stats().failed_renewals - failed_renewals
                     looker = later.enter_context(tierlock.LockManager(cluster.url, **options))
                 if (
                     looker is not None
@@ -173,9 +171,13 @@ def test_renewals_follow_a_failover(cluster: RedisCluster, signal_number: signal
             assert disowned == {}, f"holds lost, seconds after the failure: {disowned}"
             assert holder.stats().lost_holds == 0 and lost == []
             assert rival.tries > 0 and rival.taken == {}, f"taken after (s): {rival.taken}"
-            # The heartbeat was not stuck on the failed primary: its renewals came back,
-            # saying which holds they could not reach, before the replica took over.
-            assert told >= 1, f"no renewal came back in the {failover[0]:.1f} s of failover"
+            # The heartbeat was not stuck on the failed primary: a renewal came back,
+            # saying which holds it could not reach. (Not necessarily before the replica
+            # took over: the first renewal after the kill is due a third of a lease later
+            # and gives up on the silent node after 1 s, about 3 s in all, and a
+            # failover took from 2.8 s.)
+            told = holder.stats().failed_renewals - failed_renewals
+            assert told >= 1, f"no renewal came back failed in the {2 * TTL:.0f} s after the kill"
             assert moved_at is not None and moved_at - failover[0] <= TTL / 3, (
                 f"replica took over after {failover[0]:.1f} s, renewed there after {moved_at} s"
             )
