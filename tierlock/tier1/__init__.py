@@ -21,6 +21,7 @@ How a thread's ``lock.acquire()`` flows through it::
     Lock.release ──> tiers.Tiers.release: to the next local waiter (in memory, or one
                      UPDATE), kept for a moment (keeping), or back to the store
 
-Read holds (``reading``) and permits (``permits``) have a tier 1 of their own, with
-one poller per key (``pollers``).
+Read holds (``reading``; the process's holds by key, and those it keeps between
+readers, in ``readholds``) and permits (``permits``) have a tier 1 of their own, with
+one poller per key (``pollers``). Kept holds go back from ``later``'s timed calls.
 """
