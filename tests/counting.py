@@ -31,6 +31,12 @@ class DriverStatements:
                 if (thread is None or name == thread) and (but is None or name != but)
             )
 
+    def by_this_thread(self, since: int) -> list[str]:
+        """The statements the calling thread sent from index ``since`` of ``sent`` on."""
+        me = threading.current_thread().name
+        with self._mutex:
+            return [statement for name, statement in self.sent[since:] if name == me]
+
 
 class CountingCursor:
     def __init__(self, cursor: object, statements: DriverStatements) -> None:

@@ -406,20 +406,16 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
     join, or the founding of the group, and the reader's row are one statement; on
     MariaDB the reader's row is a plain insert of values."""
     first, other = make_manager(), make_manager()
-    me = threading.current_thread().name
     for manager in (first, other):
         with manager.lock(f"{key}:warm"):  # (the manager's first statements are behind it)
             pass
 
-    def sent_by_me(before: int) -> list[str]:
-        return [sent for name, sent in driver_statements.sent[before:] if name == me]
-
     before = len(driver_statements.sent)
     with first.read_lock(key):
-        founded = sent_by_me(before)
+        founded = driver_statements.by_this_thread(before)
         before = len(driver_statements.sent)
         with other.read_lock(key):
-            joined = sent_by_me(before)
+            joined = driver_statements.by_this_thread(before)
     selects = [sent for sent in joined if sent.lstrip().upper().startswith("SELECT")]
     assert len(selects) == (1 if db == "mariadb" else 0), joined
     if db == "postgresql":
@@ -442,12 +438,11 @@ def test_a_reader_refused_by_a_writer_on_postgresql_is_told_so_by_its_join(
     its own, so a refused reader does not go on to the long way (a transaction of four
     statements more), only to the holder's row, for a takeover."""
     writers, readers = make_manager(), make_manager()
-    me = threading.current_thread().name
     with writers.lock(key):
         reader = readers.read_lock(key)
         before = len(driver_statements.sent)
         assert not reader.acquire(blocking=False)
-        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+        sent = driver_statements.by_this_thread(before)
     assert len(sent) == 2, sent
     assert "pg_advisory_xact_lock" in sent[0] and sent[1].lstrip().upper().startswith("SELECT")
 
@@ -464,13 +459,12 @@ def test_a_reader_refused_lately_asks_again_in_one_statement(
     Once the writer has gone, the look lets it join."""
     monkeypatch.setattr(takeover, "HOLDER_MEMORY", 60.0)  # ("a moment ago", however loaded)
     writers, readers = make_manager(), make_manager()
-    me = threading.current_thread().name
     reader = readers.read_lock(key)
     with writers.lock(key):
         assert not reader.acquire(blocking=False)
         before = len(driver_statements.sent)
         assert not reader.acquire(blocking=False)
-        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+        sent = driver_statements.by_this_thread(before)
     assert len(sent) == 1, sent
     assert reader.acquire(blocking=False), "the reader was kept out after the writer left"
     reader.release()
@@ -482,12 +476,11 @@ def test_a_writer_that_finds_live_readers_opens_no_transaction_for_them(
     """A writer's try looks through the readers' rows for dead ones to free; a live
     reader's row needs no transaction, which would be two statements for nothing."""
     readers, writers = make_manager(), make_manager()
-    me = threading.current_thread().name
     with readers.read_lock(key):
         writer = writers.lock(key)
         before = len(driver_statements.sent)
         assert not writer.acquire(blocking=False)
-        sent = [sent for name, sent in driver_statements.sent[before:] if name == me]
+        sent = driver_statements.by_this_thread(before)
     assert not [statement for statement in sent if statement.upper().startswith("BEGIN")], sent
 
 
@@ -499,13 +492,12 @@ def test_a_reader_leaves_in_as_few_statements_as_its_database_allows(
     where the count-out says how many remain (PostgreSQL, SQLite), sends nothing to
     end the group; MariaDB, which cannot say, looks for an empty group after."""
     first, other = make_manager(), make_manager()
-    me = threading.current_thread().name
     with first.read_lock(key):
         other_read = other.read_lock(key)
         other_read.acquire()
         before = len(driver_statements.sent)
         other_read.release()
-        left = [sent for name, sent in driver_statements.sent[before:] if name == me]
+        left = driver_statements.by_this_thread(before)
         assert [(info.pid, info.mode) for info in other.holders()] == [(os.getpid(), "shared")]
     looks_for_empty = [sent for sent in left if "members <=" in sent]
     if db == "postgresql":
@@ -581,12 +573,11 @@ def test_a_writer_leaves_a_group_that_still_counts_readers_to_them(
     while it counts live readers: the last of them ends it, leaving the row to the
     writer, which then gets in."""
     manager, other = make_manager(), make_manager()
-    me = threading.current_thread().name
     reader = other.read_lock(key)
     assert reader.acquire(timeout=5)
     before = len(driver_statements.sent)
     assert not manager.write_lock(key).acquire(timeout=0.1)
-    tried = [sent for name, sent in driver_statements.sent[before:] if name == me]
+    tried = driver_statements.by_this_thread(before)
     assert tried, "the writer asked"
     assert [sent for sent in tried if "members <=" in sent] == [], tried
     got: list[bool] = []

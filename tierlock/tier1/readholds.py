@@ -186,6 +186,8 @@ class ProcessReads:
 
     def end_kept_now(self, key: str) -> None:
         """Give back the hold of ``key`` the process keeps, if it keeps one."""
+        if key not in self.keys:  # (the common case, asked on every write acquire)
+            return
         with self.mutex:
             entry = self.keys.get(key)
             if entry is not None and entry.kept:

@@ -224,7 +224,7 @@ class Sharing:
         return self.drop_if_empty(link, key, group)
 
     def _free_reader(self, link: Link, key: str, row: dict[str, Any]) -> bool:
-        if not (row["expired"] or process.is_gone(row["host_id"], row["pid"], row["proc_start"])):
+        if not self._holder_gone(row):
             return False  # (a live reader: no transaction to open for nothing)
         with link.transaction():
             if not self._free(link, row):
@@ -242,7 +242,7 @@ class Sharing:
             self._counters.add("takeovers")
             logger.warning("lock %r: a hold whose lease had ended was taken over", row["lock_key"])
             return True
-        if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
+        if not self._holder_gone(row):
             return False
         if link.execute(self.plain.delete_row, params).rowcount != 1:
             return False
@@ -251,6 +251,14 @@ class Sharing:
             "lock %r: freed the hold of process %d, which has exited", row["lock_key"], row["pid"]
         )
         return True
+
+    @staticmethod
+    def _holder_gone(row: dict[str, Any]) -> bool:
+        """Whether a reader's or permit's row may be freed: its lease ended, or its
+        holder process is gone."""
+        return bool(row["expired"]) or process.is_gone(
+            row["host_id"], row["pid"], row["proc_start"]
+        )
 
     def reap_readers(self, link: Link) -> int:
         """Delete expired readers' rows, each counted out of its group."""
