@@ -58,8 +58,10 @@ def test_the_layers_add_up_to_the_cpu_measured(db: str, db_url: str, tmp_path: P
     assert len(sent) == 2, report
     # An insert and a delete, each counted once; tierlock's four threads also share
     # statements (one insert or delete for those that meet) and pass the odd hold
-    # between them with none.
-    assert 0.5 <= sent[0] <= 2.5 and 2 <= sent[1] <= 2.5, report
+    # between them with none. The bare cursor sends at least those two, and two more
+    # for each try at a key another of its threads holds, as many as that holder is
+    # kept from running (2.64 with a load average of 6): no upper bound holds for it.
+    assert 0.5 <= sent[0] <= 2.5 and sent[1] >= 2, report
 
     found = layer_rows(report)
     ours, _, bare = found["all"]

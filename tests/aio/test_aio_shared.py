@@ -4,7 +4,9 @@ excluding and excluded as the sync ones, and safe to cancel."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import procs
 import pytest
 from aiohelpers import Gate, Holder, Opener, rows, run, run_with_one_worker, settled, swept
 from conftest import SHARED_HOLDS, MakeManager
@@ -39,7 +41,11 @@ def test_readers_share_and_writers_wait(
             assert len({reader.token for reader in readers}) == 3
             assert not await asyncio.to_thread(sync.lock(key).acquire, False)
             writer = Holder(locks.lock(key))
-            await asyncio.sleep(0.1)
+            # Until the writer's first try has marked the group: readers asking after.
+            deadline = time.monotonic() + procs.WAIT_LIMIT
+            while not await others.read_lock(key).locked():
+                assert time.monotonic() < deadline, "the waiting writer's mark never showed"
+                await asyncio.sleep(0.01)
             assert not writer.task.done()
             # A waiting writer keeps out readers that come after it.
             late = Holder(others.read_lock(key), timeout=0.3)
