@@ -7,6 +7,8 @@ that runs signal handlers, at the state of its request the test chose.
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -215,3 +217,56 @@ def test_interrupted_in_its_own_statement_the_next_batch_still_goes(
     assert later[0].done() == "b!"
     assert statements.batches == [["main"], ["b"]]
     assert statements.lane.ask("c") == "c!"  # (and the lane is free again)
+
+
+def test_interrupted_right_after_it_queued_it_leaves_the_queue(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    """The signal lands at the first moment a handler can run once the request is in
+    the queue (the call that queued it returns), before the thread waits."""
+    statements = Statements(0)
+    first = statements.under_way("a")
+    main = threading.get_ident()
+    ask = Lane.ask.__code__
+
+    def at_return(frame: Any, event: str, arg: object) -> None:
+        if event == "c_return" and frame.f_code is ask and statements.queued(1)():
+            sys.setprofile(None)
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+    sys.setprofile(at_return)
+    try:
+        with pytest.raises(Interrupted):
+            statements.lane.ask("main")
+    finally:
+        sys.setprofile(None)
+    assert statements.queued(0)()
+    statements.release(0)
+    assert first.done() == "a!"
+    assert statements.lane.ask("b") == "b!"  # (the lane is free again)
+    assert statements.batches == [["a"], ["b"]]
+
+
+def test_interrupted_right_after_it_took_the_lane_it_frees_it(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    """As above, for a request that finds the lane free: the signal lands when the call
+    that let go of the lane's mutex returns, before its statement is sent."""
+    statements = Statements()
+    main = threading.get_ident()
+    ask = Lane.ask.__code__
+
+    def at_return(frame: Any, event: str, arg: object) -> None:
+        if event == "c_return" and frame.f_code is ask and statements.lane._busy == 1:
+            sys.setprofile(None)
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+    sys.setprofile(at_return)
+    try:
+        with pytest.raises(Interrupted):
+            statements.lane.ask("main")
+    finally:
+        sys.setprofile(None)
+    assert statements.lane._busy == 0
+    assert statements.batches == []
+    assert Asker(statements, "b").done() == "b!"

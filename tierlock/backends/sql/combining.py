@@ -99,25 +99,32 @@ class Lane(Generic[R, A]):
 
     def ask(self, request: R) -> A:
         """Send ``request``, alone or with others queued; its answer."""
-        with self._mutex:
-            if self._busy < self._width:
-                self._busy += 1
-                entry = None
-            else:
-                entry = Entry[R, A](request)
-                self._queue.append(entry)
-        if entry is None:
-            try:
-                return self._send((request,))[0]
-            finally:
-                self._hand_on()
+        alone = False
+        entry: Entry[R, A] | None = None
         try:
+            # (A signal handler runs after a call returns: the queue's append or the
+            # mutex's exit. So everything that changes the lane is inside ``try``, and
+            # ``alone`` is set beside the count with no call between them.)
+            with self._mutex:
+                if self._busy < self._width:
+                    self._busy += 1
+                    alone = True
+                else:
+                    entry = Entry[R, A](request)
+                    self._queue.append(entry)
+            if alone:
+                return self._send((request,))[0]
+            assert entry is not None
             entry.wait()
             if entry.state == LEADS:
                 self._lead(entry)
         except BaseException:
-            self._leave(entry)
+            if entry is not None:
+                self._leave(entry)
             raise
+        finally:
+            if alone:
+                self._hand_on()
         assert entry.state == DONE
         return entry.answer  # type: ignore[return-value]  # (set with DONE)
 
@@ -183,7 +190,7 @@ class Lane(Generic[R, A]):
         """``entry``'s thread is interrupted: settle who answers for its request."""
         with self._mutex:
             state = entry.state
-            if state == QUEUED:
+            if state == QUEUED and entry in self._queue:  # (interrupted before it was in)
                 self._queue.remove(entry)
             elif state == LEADS:  # (woken to send, and never sent: pass the batch on)
                 rest = [each for each in entry.batch if each is not entry]
