@@ -13,10 +13,12 @@ import procs
 import psycopg
 import pytest
 from conftest import MakeManager
+from counting import DriverStatements
 from polling import wait_until
 from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.backends.sql import sharing
 from tierlock.backends.sql.notify import channel_name
 from tierlock.tier1 import tiers
 
@@ -99,6 +101,7 @@ def test_a_release_wakes_a_poller_whose_mark_was_heard_at_once(
     monkeypatch.setattr(tiers, "FIRST_POLL", 30.0)
     holder, waiter = make_manager(), make_manager(poll_interval=60.0)
     knows_nobody_waits(holder)
+    knows_nobody_waits(waiter)  # (its listener rings every bell when it starts)
     lock = holder.lock(key)
     assert lock.acquire()
     took: list[float] = []
@@ -121,3 +124,38 @@ def test_a_release_wakes_a_poller_whose_mark_was_heard_at_once(
     assert took, "the poller did not get the key"
     assert took[0] - released < SCHEDULING_SLACK
     assert key in announced(heard)
+
+
+def test_the_last_readers_leave_wakes_the_waiting_writer_at_once(
+    make_manager: MakeManager,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+    driver_statements: DriverStatements,
+) -> None:
+    """The one statement of the last reader's leave reserves the key for the writer
+    that waits and announces it: the writer's next try is half a minute away (and its
+    mark lasts a minute), so only that announcement wakes it."""
+    monkeypatch.setattr(tiers, "FIRST_POLL", 30.0)
+    monkeypatch.setattr(sharing, "WRITER_WAIT", 60.0)
+    holder, waiter = make_manager(), make_manager(poll_interval=60.0)
+    knows_nobody_waits(waiter)  # (its listener rings every bell when it starts)
+    reader = holder.read_lock(key)
+    assert reader.acquire()
+    took: list[float] = []
+
+    def write() -> None:
+        mine = waiter.lock(key)
+        if mine.acquire(timeout=procs.WAIT_LIMIT):
+            took.append(time.monotonic())
+            mine.release()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    wait_until(lambda: holder.read_lock(key).locked(), "the writer's mark")
+    before = len(driver_statements.sent)
+    released = time.monotonic()
+    reader.release()
+    assert len(driver_statements.by_this_thread(before)) == 1
+    thread.join(procs.WAIT_LIMIT)
+    assert took, "the writer did not get the key"
+    assert took[0] - released < SCHEDULING_SLACK

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Float,
     Table,
     bindparam,
+    case,
     delete,
     exists,
     func,
@@ -124,20 +125,34 @@ class SharedStatements:
         # group_open(key, group): a row if that group still takes members.
         self.group_open = select(c.token).where(this_group & open_group & ~_expired(table))
 
-        # count_out(key, group): that group counts one member fewer. count_out_members:
-        # the same, giving the members it counts now (where UPDATE ... RETURNING exists).
+        # count_out(key, group): that group counts one member fewer. count_out_members
+        # (where UPDATE ... RETURNING exists): the same, and a group it leaves empty
+        # while a writer waits is reserved for writers at once, as reserve_empty_group
+        # would (both read the row as it was); the members it counts now and its mode.
         count_out = update(table).where(this_group).values(members=c.members - 1)
         self.count_out = count_out
-        self.count_out_members = count_out.returning(c.members) if update_returning else None
+        emptied = (c.members <= 1) & ~open_group
+        counted = count_out.values(
+            mode=case((emptied, literal(RESERVED)), else_=c.mode),
+            expires_at=case((emptied, c.waiting), else_=c.expires_at),
+        ).returning(c.members, c.mode, c.lock_key)
+        self.count_out_members = counted if update_returning else None
 
         # leave_group(reader, owner, key, group), PostgreSQL: the reader's row of owner
-        # deleted and counted out of that group, in one statement; the members the group
-        # counts now (no row: the reader's row or the group was gone).
+        # deleted and counted out of that group, as count_out_members, in one statement
+        # that also announces a reservation; the members and the mode (no row: the
+        # reader's row or the group was gone).
         self.leave_group = None
         if dialect_name == "postgresql":
             owned = (c.lock_key == bindparam("reader")) & (c.owner_id == bindparam("owner"))
             gone = delete(table).where(owned).returning(c.token).cte("gone")
-            self.leave_group = count_out.where(exists(select(gone.c.token))).returning(c.members)
+            left = counted.where(exists(select(gone.c.token))).cte("left")
+            announced: Any = null()
+            if channel is not None:
+                announced = func.pg_notify(literal(channel), left.c.lock_key)
+            self.leave_group = select(
+                left.c.members, left.c.mode, case((left.c.mode == RESERVED, announced))
+            )
 
         # delete_empty_group(key, group): 1 row if that group had no member left, nor a
         # writer waiting, and is gone. reserve_empty_group(key, group): 1 row if that

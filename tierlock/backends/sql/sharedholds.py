@@ -15,7 +15,7 @@ from .engine import SQLITE_LEAST_SHARED_WAIT
 from .link import Link
 from .rows import insert_params
 from .shared import SharedQueries
-from .sharing import Mismatch, Sharing, slot_range
+from .sharing import ENDED, Mismatch, Sharing, slot_range
 
 if TYPE_CHECKING:
     from .backend import SQLBackend
@@ -87,8 +87,9 @@ class SQLSharedHolds(SharedHolds):
             return members
 
         members: int | None = run("release", key, attempt)
-        if members == 0 and run(
-            "release", key, lambda link, _: steps.drop_if_empty(link, key, group)
+        if members == ENDED or (
+            members == 0
+            and run("release", key, lambda link, _: steps.drop_if_empty(link, key, group))
         ):
             self._backend.announce(key)
         return members is not None

@@ -52,9 +52,9 @@ from ...stats import Counters
 from .link import Link
 from .queries import Queries, Query
 from .shared import SharedQueries
-from .table import GROUP, PERMIT, SHARED
+from .table import GROUP, PERMIT, RESERVED, SHARED
 
-__all__ = ["WRITER_WAIT", "Mismatch", "Sharing", "slot_range"]
+__all__ = ["ENDED", "WRITER_WAIT", "Mismatch", "Sharing", "slot_range"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +62,20 @@ logger = logging.getLogger(__name__)
 # the time the writer has left).
 WRITER_WAIT = 1.0
 
+# What ``Sharing.leave`` gives when the leave itself ended the group.
+ENDED = -1
+
 
 class Mismatch(NamedTuple):
     """A holder of a semaphore found counting another number of permits."""
 
     permits: int
     pid: int
+
+
+def _members(row: Any) -> int:
+    """A count-out's members, or ``ENDED`` if it reserved the group (see ``leave``)."""
+    return ENDED if row[1] == RESERVED else int(row[0])
 
 
 def slot_range(key: str, kind: str) -> dict[str, str]:
@@ -153,17 +161,19 @@ class Sharing:
     def leave(self, link: Link, key: str, owner_id: str, group: int) -> int | None:
         """Delete the reader's row and count it out of ``group``, in one transaction
         (PostgreSQL: one statement); ``None`` if the row or its group was gone (the hold
-        was lost; the group gone means a writer took it over once its lease ended), else
-        the members the group still counts (0 where the database cannot say: perhaps
-        none). The caller then deletes the group if it is empty, apart, so that a retry
-        of either repeats nothing."""
+        was lost; the group gone means a writer took it over once its lease ended),
+        ``ENDED`` if that left the group empty while a writer waits and the group is
+        now reserved for writers (where UPDATE ... RETURNING exists; PostgreSQL
+        announces it in the same statement), else the members the group still counts
+        (0 where the database cannot say: perhaps none). The caller then ends an empty
+        group, apart, so that a retry of either repeats nothing."""
         queries, reader = self.queries, reader_key(key, owner_id)
         this_group = {"key": key, "group": group}
         if queries.leave_group is not None:
             rows = link.execute(
                 queries.leave_group, {**this_group, "reader": reader, "owner": owner_id}
             ).rows
-            return int(rows[0][0]) if rows else None
+            return _members(rows[0]) if rows else None
         with link.transaction():
             if (
                 link.execute(self.plain.delete_owned, {"key": reader, "owner": owner_id}).rowcount
@@ -173,7 +183,7 @@ class Sharing:
             if queries.count_out_members is None:
                 return 0 if self._count_out(link, key, group) else None
             rows = link.execute(queries.count_out_members, this_group).rows
-            return int(rows[0][0]) if rows else None
+            return _members(rows[0]) if rows else None
 
     def _count_out(self, link: Link, key: str, group: int) -> bool:
         """``group`` counts one member fewer; ``False`` if it is gone."""
