@@ -517,7 +517,8 @@ def test_the_last_reader_reserves_the_key_for_a_waiting_writer_as_it_leaves(
     """Where the count-out says what it did (PostgreSQL, SQLite), the last reader's
     leave reserves the row for the writer that waits in the same statement (PostgreSQL:
     the one statement of the leave, which also announces it): no statement after it
-    ends the group. MariaDB ends it after the leave."""
+    ends the group. MariaDB ends it after the leave. The writer then replaces the
+    reserved row with its own (PostgreSQL: in one statement, no transaction)."""
     manager, other = make_manager(), make_manager()
     reader = other.read_lock(key)
     assert reader.acquire(timeout=5)
@@ -541,6 +542,10 @@ def test_the_last_reader_reserves_the_key_for_a_waiting_writer_as_it_leaves(
     if db == "postgresql":
         assert len(left) == 1, left
     assert bool(ends_a_group(left)) == (db == "mariadb"), left
+    took = [sent for name, sent in driver_statements.sent[before:] if name == "writer"]
+    assert any("DELETE" in sent for sent in took), took  # (it replaced the reserved row)
+    if db == "postgresql":
+        assert not [sent for sent in took if sent.startswith("BEGIN")], took
 
 
 @pytest.mark.mariadb

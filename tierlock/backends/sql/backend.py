@@ -206,8 +206,12 @@ class SQLBackend(TableAdmin, LockBackend):
             if token is None:
                 freed = self._takeover.free_held_row(link, key, wait=limit)
                 if isinstance(freed, Reserved):
-                    insert = functools.partial(self._insert, link, params, query)
-                    token = take_reserved(link, key, freed, insert, queries)
+                    replace = None if query is None else self._exclusive_insert.replacing(owner)
+                    if replace is not None:  # (PostgreSQL: in one statement)
+                        token = self._insert(link, {**params, "row": freed.row}, replace)
+                    else:
+                        insert = functools.partial(self._insert, link, params, query)
+                        token = take_reserved(link, key, freed, insert, queries)
                 elif freed:
                     token = self._insert(link, params, query)
             if token is not None and self.closed:

@@ -18,7 +18,9 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     String,
+    bindparam,
     cast,
+    delete,
     insert,
     literal_column,
     null,
@@ -32,7 +34,7 @@ from sqlalchemy.sql.expression import ColumnElement, Insert
 from ...records import Owner
 from .columns import plain
 from .queries import Query
-from .table import holder_values, key_serialiser
+from .table import RESERVED, holder_values, key_serialiser
 
 if TYPE_CHECKING:
     from sqlalchemy import Table
@@ -47,6 +49,8 @@ Process = tuple[str, str | None, int, int | None]
 # number of rows. More than one process only where owners of other processes are made
 # up, or after forks.
 REMEMBERED_STATEMENTS = 64
+# ``rows``' count for ``replacing``'s statement.
+REPLACING = -1
 
 
 def exclusive_params(key: str, owner: Owner, ttl: float, lease: float | None) -> dict[str, Any]:
@@ -102,17 +106,50 @@ class ExclusiveInsert:
         query = self._made[process, count] = self._compile(process, count)
         return query
 
+    def replacing(self, owner: Owner) -> Query | None:
+        """PostgreSQL: the statement that replaces the key's row reserved for writers
+        (parameter ``row``: its token) with ``owner``'s, in one statement under the
+        key's advisory lock, as ``takeover.take_reserved`` does in a transaction;
+        parameters: ``exclusive_params`` and ``row``; the new row's token, or no row if
+        the reservation is gone. ``None`` elsewhere, or if the process's values must be
+        sent as parameters."""
+        if self._dialect.name != "postgresql":
+            return None
+        return self.rows(owner, REPLACING)
+
     def _compile(self, process: Process, count: int) -> Query | None:
         try:
             fixed = _process_values(process)
         except (TypeError, ValueError):  # (not plain text, or not a number)
             return None
-        if not count:
+        if count == REPLACING:
+            statement = self._replace_reserved({**holder_values(), **fixed})
+        elif not count:
             statement = self._statements.insert_of({**holder_values(), **fixed})
         else:
             rows = [{**holder_values(f"_{index}"), **fixed} for index in range(count)]
             statement = self._insert_rows(rows)
         return Query.compile(statement, self._dialect)
+
+    def _replace_reserved(self, values: dict[str, ColumnElement[Any]]) -> Insert:
+        """See ``replacing``. The key's advisory lock comes first, as in every insert
+        of the key: a reader's join holds it while it waits for the reservation."""
+        table, c = self._table, self._table.c
+        serialised = key_serialiser(table).cte("serialised")
+        reserved = (
+            (c.lock_key == bindparam("key"))
+            & (c.token == bindparam("row", type_=BigInteger))
+            & (c.mode == RESERVED)
+            & serialised.c.locked.is_not(None)
+        )
+        gone = delete(table).where(reserved).returning(c.token).cte("gone")
+        row = select(*(value.label(name) for name, value in values.items())).select_from(gone)
+        return (
+            postgresql.insert(table)
+            .from_select(list(values), row)
+            .on_conflict_do_nothing(index_elements=[c.lock_key])
+            .returning(c.token)
+        )
 
     def _insert_rows(self, rows: list[dict[str, ColumnElement[Any]]]) -> Insert:
         """``Statements.insert_of`` for several rows: PostgreSQL serialises each row's
