@@ -134,7 +134,8 @@ def test_the_last_readers_leave_wakes_the_waiting_writer_at_once(
 ) -> None:
     """The one statement of the last reader's leave reserves the key for the writer
     that waits and announces it: the writer's next try is half a minute away (and its
-    mark lasts a minute), so only that announcement wakes it."""
+    mark lasts a minute), so only that announcement wakes it. Its try then replaces the
+    reserved row of the group it marked in one statement, without looking first."""
     monkeypatch.setattr(tiers, "FIRST_POLL", 30.0)
     monkeypatch.setattr(sharing, "WRITER_WAIT", 60.0)
     holder, waiter = make_manager(), make_manager(poll_interval=60.0)
@@ -149,7 +150,7 @@ def test_the_last_readers_leave_wakes_the_waiting_writer_at_once(
             took.append(time.monotonic())
             mine.release()
 
-    thread = threading.Thread(target=write)
+    thread = threading.Thread(target=write, name="writer")
     thread.start()
     wait_until(lambda: holder.read_lock(key).locked(), "the writer's mark")
     before = len(driver_statements.sent)
@@ -159,3 +160,6 @@ def test_the_last_readers_leave_wakes_the_waiting_writer_at_once(
     thread.join(procs.WAIT_LIMIT)
     assert took, "the writer did not get the key"
     assert took[0] - released < SCHEDULING_SLACK
+    wrote = [sent for name, sent in driver_statements.sent[before:] if name == "writer"]
+    assert len(wrote) == 2, wrote  # (the replace, and the release)
+    assert "DELETE" in wrote[0] and "INSERT" in wrote[0], wrote

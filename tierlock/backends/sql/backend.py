@@ -26,9 +26,8 @@ from .engine import (
     SQLITE_BUSY_SLICE,
     SQLITE_LEAST_BUSY_WAIT,
     dedicated_connection,
-    engine_for_url,
+    engines,
     pause_forks_for,
-    usable_engine,
 )
 from .inserts import ExclusiveInsert, exclusive_params
 from .link import Link
@@ -40,10 +39,7 @@ from .schema import prepare_table
 from .shared import SharedQueries, SharedStatements
 from .sharedholds import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
-from .table import (
-    Statements,
-    lock_table,
-)
+from .table import Statements, lock_table
 from .takeover import Reserved, Takeover, take_reserved
 from .wakeups import WakeUps
 from .watchdog import Watchdog
@@ -69,18 +65,7 @@ class SQLBackend(TableAdmin, LockBackend):
         self.table = lock_table(check_table_name(table), MetaData())
         self.counters = counters
         self.timeout = timeout
-        if engine is None:
-            if url is None:
-                raise ValueError("give a database URL or an engine")
-            self._base_engine = engine_for_url(url, timeout)
-            self._owns_engine = True
-            self._engine = self._base_engine
-        else:
-            if url is not None:
-                raise ValueError("give a database URL or an engine, not both")
-            self._base_engine = usable_engine(engine)
-            self._owns_engine = False
-            self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._base_engine, self._engine, self._owns_engine = engines(url, engine, timeout)
         self.location = self._base_engine.url.render_as_string(hide_password=True)
         self.dialect_name = self._engine.dialect.name
         self._watchdog: Watchdog | None = None
@@ -179,9 +164,16 @@ class SQLBackend(TableAdmin, LockBackend):
             params = {**insert_params(owner, ttl, lease), "key": key}
         else:
             params = exclusive_params(key, owner, ttl, lease)
+        replace = None if query is None else self._exclusive_insert.replacing(owner)
+        marked = None if replace is None else self._takeover.marked_group(key)
         doubts = self._runner.doubts
         first: Inserted = ALONE
-        if query is not None and self._batches.shared and owner.owner_id not in doubts:
+        if (
+            marked is None
+            and query is not None
+            and self._batches.shared
+            and owner.owner_id not in doubts
+        ):
             first = self._batches.inserts.ask(Insert(key, owner, params, limit))
             if isinstance(first, int):
                 self._takeover.forget(key)
@@ -189,14 +181,19 @@ class SQLBackend(TableAdmin, LockBackend):
         queries = self.queries
 
         def attempt(link: Link, uncertain: bool) -> int | None:
-            nonlocal first
+            nonlocal first, marked
             token = None
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
                 token = self._owned_token(link, key, owner.owner_id)
                 if token is not None:
                     return token
-            if first is None:  # (a shared insert found the key held just now)
+            if marked is not None:  # (the reservation is likely there: take it first)
+                token = self._claim(link, key, marked, params, query, replace)
+                marked = None
+            if token is not None:
+                pass
+            elif first is None:  # (a shared insert found the key held just now)
                 first = ALONE
             else:
                 self.limit_busy_wait(link, limit)
@@ -205,15 +202,7 @@ class SQLBackend(TableAdmin, LockBackend):
                     token = self._owned_token(link, key, owner.owner_id)
             if token is None:
                 freed = self._takeover.free_held_row(link, key, wait=limit)
-                if isinstance(freed, Reserved):
-                    replace = None if query is None else self._exclusive_insert.replacing(owner)
-                    if replace is not None:  # (PostgreSQL: in one statement)
-                        token = self._insert(link, {**params, "row": freed.row}, replace)
-                    else:
-                        insert = functools.partial(self._insert, link, params, query)
-                        token = take_reserved(link, key, freed, insert, queries)
-                elif freed:
-                    token = self._insert(link, params, query)
+                token = self._claim(link, key, freed, params, query, replace)
             if token is not None and self.closed:
                 # Won just as the manager closed: nobody will hold it.
                 link.count(queries.delete_owned, params)
@@ -225,6 +214,26 @@ class SQLBackend(TableAdmin, LockBackend):
             self._takeover.forget(key)
             if doubts:
                 doubts.pop(owner.owner_id, None)
+        return token
+
+    def _claim(
+        self,
+        link: Link,
+        key: str,
+        freed: bool | Reserved,
+        params: dict[str, Any],
+        query: Query | None,
+        replace: Query | None,
+    ) -> int | None:
+        """Insert once ``free_held_row`` said ``freed``: replace a row reserved for
+        writers (PostgreSQL: with ``replace``, in one statement; else in a transaction),
+        or insert again if the row is gone."""
+        if not isinstance(freed, Reserved):
+            return self._insert(link, params, query) if freed else None
+        if replace is not None:
+            return self._insert(link, {**params, "row": freed.row}, replace)
+        insert = functools.partial(self._insert, link, params, query)
+        token: int | None = take_reserved(link, key, freed, insert, self.queries)
         return token
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:

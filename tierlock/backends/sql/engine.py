@@ -22,6 +22,7 @@ __all__ = [
     "SQLITE_BUSY_SLICE",
     "SQLITE_LEAST_BUSY_WAIT",
     "engine_for_url",
+    "engines",
     "has_connected",
     "is_contention",
     "refuse_memory_database",
@@ -157,6 +158,20 @@ def usable_engine(engine: object) -> Engine:
         raise TypeError(f"engine must be a SQLAlchemy Engine, not {type(engine).__name__}")
     refuse_memory_database(engine.url)
     return engine
+
+
+def engines(url: str | None, engine: Engine | None, timeout: float) -> tuple[Engine, Engine, bool]:
+    """From a database ``url`` or the caller's ``engine`` (exactly one): the engine as
+    given or made, the one statements go through (in autocommit mode), and whether
+    tierlock made them (and disposes of them)."""
+    if engine is None:
+        if url is None:
+            raise ValueError("give a database URL or an engine")
+        made = engine_for_url(url, timeout)
+        return made, made, True
+    if url is not None:
+        raise ValueError("give a database URL or an engine, not both")
+    return usable_engine(engine), engine.execution_options(isolation_level="AUTOCOMMIT"), False
 
 
 # lock wait timeout, deadlock, and the auto-increment read that MariaDB fails now and

@@ -59,11 +59,21 @@ class Takeover:
         # and readers, and for readers only.
         self._alive_until: dict[str, float] = {}
         self._readers_out_until: dict[str, float] = {}
+        # The group a writer of the process last marked, by key.
+        self._marked: dict[str, int] = {}
 
     def forget(self, key: str) -> None:
         """``key`` was won by this process: its last holder is no longer news."""
         self._alive_until.pop(key, None)
         self._readers_out_until.pop(key, None)
+        self._marked.pop(key, None)
+
+    def marked_group(self, key: str) -> Reserved | None:
+        """The group of ``key`` a writer of the process marked, once: its last reader
+        reserves the row for writers as it leaves, and the writer's next try may then
+        replace it at once, before it inserts and reads the holder's row."""
+        group = self._marked.pop(key, None)
+        return None if group is None else Reserved(group)
 
     def kept_readers_out(self, key: str) -> bool:
         """Whether a try of this process found ``key`` closed to readers (held by a
@@ -108,6 +118,7 @@ class Takeover:
             # reads the row again at its next try, which its readers' leaving may ring
             # for (its mark keeps new readers out meanwhile).
             if writer:
+                remember(self._marked, key, row["token"])
                 return self._writer_waits(link, key, row["token"], row["members"] or 0, wait)
             remember(self._readers_out_until, key, now + HOLDER_MEMORY)
             return False
