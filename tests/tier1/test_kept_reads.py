@@ -12,18 +12,24 @@ preference test checks, with the real window."""
 from __future__ import annotations
 
 import os
+import time
 
 import procs
 import pytest
 from conftest import SHARED_HOLDS, MakeManager
 from counting import HEARTBEAT, DriverStatements
 from polling import wait_until
+from rwhelpers import Holder
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.backends.sql.notify import channel_name
 from tierlock.tier1 import readholds
 
 pytestmark = SHARED_HOLDS
 
+LISTENERS = text("SELECT pid FROM pg_stat_activity WHERE query = :query")
 # A join window no test outlasts: a kept hold stays kept unless something ends it.
 LONG_WINDOW = 4 * procs.WAIT_LIMIT
 
@@ -112,3 +118,68 @@ def test_a_kept_read_hold_goes_back_when_its_window_ends(
     writer = other.lock(key)
     assert writer.acquire(blocking=False)
     writer.release()
+
+
+def listening(engine: Engine, table: str) -> list[int]:
+    """The server processes of the sessions that LISTEN on the table's channel."""
+    with engine.connect() as connection:
+        return list(
+            connection.execute(LISTENERS, {"query": f"LISTEN {channel_name(table)}"}).scalars()
+        )
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_while_the_listener_hears_every_mark_readers_join_past_the_join_window(
+    make_manager: MakeManager,
+    key: str,
+    engine: Engine,
+    table: str,
+    driver_statements: DriverStatements,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no join window at all, a reader joins the process's hold with no statement
+    while the listener has heard every writer's mark since the database said the group
+    open; a writer's mark, heard, closes it (nothing else could within the test: the
+    heard window outlasts it); and once the listener's connection was lost, the next
+    reader asks the database again."""
+    monkeypatch.setattr(readholds, "JOIN_WINDOW", 0.0)
+    monkeypatch.setattr(readholds, "HEARD_WINDOW", LONG_WINDOW)
+    manager, other = make_manager(), make_manager()
+    backend = manager._backend
+    with manager.read_lock(key):  # (the process's first hold starts its listener)
+        pass
+    wait_until(lambda: backend.marks_heard_since() is not None, "the listener to listen")
+    first = Holder(manager.read_lock(key)).start()
+
+    def statements_of_a_read() -> list[str]:
+        before = len(driver_statements.sent)
+        with manager.read_lock(key):
+            pass
+        return driver_statements.by_this_thread(before)
+
+    assert statements_of_a_read() == []
+    writer = Holder(other.lock(key)).start(wait=False)
+
+    def refused() -> bool:
+        reader = manager.read_lock(key)
+        if reader.acquire(blocking=False):
+            reader.release()
+            return False
+        return True
+
+    wait_until(refused, "the writer's mark to close the process's hold")
+    assert not writer.held.is_set()
+    first.finish()
+    writer.wait_held()
+    writer.finish()
+
+    second = Holder(manager.read_lock(key)).start()
+    assert statements_of_a_read() == []
+    lost = time.monotonic()
+    with engine.connect() as connection:
+        for pid in listening(engine, table):
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    wait_until(lambda: (backend.marks_heard_since() or 0.0) > lost, "the listener to listen again")
+    assert statements_of_a_read() != [], "a reader joined with no statement, unheard"
+    second.finish()

@@ -143,6 +143,12 @@ class LockBackend(abc.ABC):
         once; ``False`` where it does not. It must be quick."""
         return False
 
+    def marks_heard_since(self) -> float | None:
+        """Since when (``time.monotonic()``) every writer's mark has reached the
+        ``watch_wanted`` callback as it came, with no gap; ``None`` if that is not so
+        now (no such callback, or the store does not carry marks)."""
+        return None
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         """Whether pollers in other processes wait for ``key``, which this process
         holds (``ringing``: with a doorbell kept by its poller), or tries without waiting

@@ -4,7 +4,10 @@ says how they join them), and those it keeps between readers.
 A reader joins the process's hold with no statement only while the group is known
 open: within ``JOIN_WINDOW`` of the last time it was. Joining without a statement could
 otherwise keep a key read-held by the process for ever and starve a writer elsewhere,
-who can only close the group in the database.
+who can only close the group in the database. Where the backend tells of every
+writer's mark as it comes (``LockBackend.marks_heard_since``: PostgreSQL's listener),
+a mark closes the hold at once, and the group stays known open for ``HEARD_WINDOW``
+instead, as long as the backend has heard since before the database last said so.
 
 A key the process reads again and again keeps its read hold between readers: when the
 last reader of a hold leaves and the process's previous hold of the key ended less
@@ -33,7 +36,7 @@ from .pollers import shared_holds, unlocked
 if TYPE_CHECKING:
     from .tiers import Tiers
 
-__all__ = ["JOIN_WINDOW", "READ_AGAIN", "KeyReads", "ProcessReads"]
+__all__ = ["HEARD_WINDOW", "JOIN_WINDOW", "READ_AGAIN", "KeyReads", "ProcessReads"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,13 @@ logger = logging.getLogger(__name__)
 # with no statement: this bounds how long readers of the process keep a waiting writer
 # out, on top of the longest read critical section.
 JOIN_WINDOW = 0.05
+# The same where the backend has told of every writer's mark since the database said
+# the group open (a mark then closes it at once): this bounds only what a listener that
+# fails without a word could keep a writer out.
+HEARD_WINDOW = 1.0
+# How long after a writer's mark was last heard of or seen a reader asks again
+# whether the group it closed takes readers: the writer may have given up.
+REOPEN_AFTER = 0.25
 # A read hold whose last reader leaves is kept for the next one when the process's
 # previous hold of the key ended less than this long before it began.
 READ_AGAIN = 0.1
@@ -50,8 +60,10 @@ class KeyReads:
     """One key's readers in this process, and its read hold."""
 
     __slots__ = (
+        "asked_at",
         "changed",
         "closed",
+        "closed_at",
         "group",
         "hold",
         "hot",
@@ -69,6 +81,8 @@ class KeyReads:
         self.hold: Hold | None = None  # the process's read hold
         self.group = 0  # the backend's group of readers that ``hold`` joined
         self.open_at = 0.0  # time.monotonic() when the group was last known open
+        self.asked_at = 0.0  # when the statement that said so was sent
+        self.closed_at = 0.0  # when a writer's mark was last heard of, or seen
         self.closed = False  # a writer waits: no more joining
         self.polling = False  # a thread is asking the backend
         self.waiting = 0  # threads waiting here
@@ -76,9 +90,45 @@ class KeyReads:
         self.hot = False  # the key was read again soon after the last hold: keep this one
         self.keep_due = False  # a call to end the kept hold is due
 
-    def known_open(self) -> bool:
-        """Whether a reader may join ``hold`` with no statement."""
-        return time.monotonic() - self.open_at < JOIN_WINDOW
+    def known_open(self, heard_since: float | None) -> bool:
+        """Whether a reader may join ``hold`` with no statement; ``heard_since``: see
+        ``ProcessReads.heard_since``."""
+        return time.monotonic() < self.open_until(heard_since)
+
+    def open_until(self, heard_since: float | None) -> float:
+        """Until when (``time.monotonic()``) the group is known open: ``HEARD_WINDOW``
+        after the database last said so if every writer's mark since the statement that
+        said so was heard, and none was; else ``JOIN_WINDOW``."""
+        asked = self.asked_at
+        heard = heard_since is not None and heard_since <= asked and self.closed_at < asked
+        return self.open_at + (HEARD_WINDOW if heard else JOIN_WINDOW)
+
+    def opened(self, asked_at: float) -> None:
+        """The database said the group open, to a statement sent at ``asked_at``."""
+        self.open_at = time.monotonic()
+        self.asked_at = asked_at
+        self.closed = False
+
+    def close_if_gone(self) -> None:
+        """A hold lost, or out of lease, takes no more readers: those in it drain, and
+        the next asks the backend."""
+        hold = self.hold
+        if hold is not None and (hold.lost or not hold.alive()):
+            self.closed = True
+
+    def shut(self) -> None:
+        """A writer's mark keeps the group closed to new readers."""
+        self.closed = True
+        self.closed_at = time.monotonic()
+
+    def reopen_in(self) -> float | None:
+        """For a good hold closed to readers by a writer's mark, in how long to ask
+        again whether the group takes readers (the writer may have given up, and its
+        mark ended); ``None`` if not."""
+        hold = self.hold
+        if not self.closed or self.polling or hold is None or hold.lost or not hold.alive():
+            return None
+        return max(self.closed_at + REOPEN_AFTER - time.monotonic(), 0.0)
 
     @property
     def kept(self) -> bool:
@@ -116,12 +166,19 @@ class ProcessReads:
         if entry.unused and self.keys.get(key) is entry:
             del self.keys[key]
 
+    def heard_since(self) -> float | None:
+        """Since when the backend has told of every writer's mark (``None``: it does not
+        now); see ``KeyReads.open_until``."""
+        return self._tiers.backend.marks_heard_since() if self._watching else None
+
     def install(self, key: str, entry: KeyReads, hold: Hold, group: int) -> None:
         """``hold`` of ``group``, just got, is the process's, with one reader in it."""
+        if not self._watching:
+            self._watching = True
+            self._tiers.backend.watch_wanted(self._wanted)
         entry.hold, entry.group = hold, group
-        entry.open_at = now = time.monotonic()
-        entry.hot = now - self._left_at.get(key, -READ_AGAIN) < READ_AGAIN
-        entry.closed = False
+        entry.opened(hold.confirmed)
+        entry.hot = entry.open_at - self._left_at.get(key, -READ_AGAIN) < READ_AGAIN
         entry.readers += 1
         self._tiers.heartbeat.add(hold)
 
@@ -155,7 +212,7 @@ class ProcessReads:
     def keep(self, key: str, entry: KeyReads, hold: Hold) -> bool:
         """Whether the process keeps ``hold``, whose last reader leaves, for its next
         reader; with the mutex held."""
-        until = entry.open_at + JOIN_WINDOW
+        until = entry.open_until(self.heard_since())
         if (
             not entry.hot
             or entry.closed
@@ -165,9 +222,6 @@ class ProcessReads:
             or not hold.alive()
         ):
             return False
-        if not self._watching:
-            self._watching = True
-            self._tiers.backend.watch_wanted(self._wanted)
         if not entry.keep_due:
             if not self._later.at(until, lambda: self._kept_ended(key, entry)):
                 return False  # (closing)
@@ -198,9 +252,12 @@ class ProcessReads:
         reader joins the process's hold any more, and a kept one goes back at once."""
         with self.mutex:
             entry = self.keys.get(key)
-            if entry is None or entry.hold is None:
+            if entry is None:
                 return
-            entry.closed = True
+            entry.closed_at = time.monotonic()  # (a hold being asked for is not known open)
+            if entry.hold is None:
+                return
+            entry.shut()
             if entry.kept:
                 self._later.at(0.0, lambda: self._kept_ended(key, entry))
 
@@ -212,7 +269,7 @@ class ProcessReads:
             hold = entry.hold
             if hold is None or not entry.kept:
                 return
-            until = entry.open_at + JOIN_WINDOW
+            until = entry.open_until(self.heard_since())
             if time.monotonic() < until and not entry.closed and not hold.lost:
                 entry.keep_due = self._later.at(until, lambda: self._kept_ended(key, entry))
                 return

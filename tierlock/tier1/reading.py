@@ -127,13 +127,12 @@ class Readers:
         while True:
             self._tiers.check_open(key)
             hold = entry.hold
-            if hold is not None and (hold.lost or not hold.alive()):
-                entry.closed = True  # (its readers drain; the next asks the backend)
+            entry.close_if_gone()
             if entry.kept and entry.closed:
                 self._holds.end_kept(key, entry)
                 continue
             if hold is not None and not entry.closed:
-                if entry.known_open():
+                if entry.known_open(self._holds.heard_since()):
                     self._join(key, entry, hold, options[2])
                     return True
                 if not entry.polling:
@@ -155,12 +154,16 @@ class Readers:
                     continue
                 self._holds.install(key, entry, *got)
                 return True
+            reopen_in = entry.reopen_in()
+            if reopen_in == 0.0:
+                self._recheck(key, entry, shared)  # (whether the writer gave up)
+                continue
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 if not (entry.polling and entry.tries == tries and deadline == started):
                     return False
                 remaining = None  # (one answer: the backend's timeout bounds it)
-            entry.changed.wait(remaining)
+            entry.changed.wait(_sooner(remaining, reopen_in))
 
     @staticmethod
     def _join(key: str, entry: KeyReads, hold: Hold, on_lost: OnLost | None) -> None:
@@ -172,6 +175,7 @@ class Readers:
         """Ask whether ``entry``'s group still takes readers (called with the mutex
         held, which it lets go meanwhile)."""
         entry.polling = True
+        asked = time.monotonic()
         try:
             with unlocked(self._mutex):
                 still_open = shared.still_open(key, entry.group)
@@ -180,9 +184,9 @@ class Readers:
             entry.tries += 1
             entry.changed.notify_all()
         if still_open:
-            entry.open_at = time.monotonic()
+            entry.opened(asked)
         else:
-            entry.closed = True
+            entry.shut()
 
     def _take(
         self,
@@ -363,3 +367,10 @@ class Readers:
     def is_held(self, key: str) -> bool:
         entry = self._holds.keys.get(key)
         return entry is not None and entry.readers > 0
+
+
+def _sooner(wait: float | None, other: float | None) -> float | None:
+    """The shorter of two waits (``None``: no limit)."""
+    if other is None:
+        return wait
+    return other if wait is None else min(wait, other)

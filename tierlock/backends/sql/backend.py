@@ -366,6 +366,9 @@ class SQLBackend(TableAdmin, LockBackend):
     def watch_wanted(self, told: Callable[[str], None]) -> bool:
         return self._wakeups.watch_wanted(told)
 
+    def marks_heard_since(self) -> float | None:
+        return self._wakeups.marks_heard_since()
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         return self._wakeups.others_waiting(key, ringing)
 

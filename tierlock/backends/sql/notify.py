@@ -178,6 +178,11 @@ class Listener:
             self._wanted_told = told
             self._start()
 
+    def marks_heard_since(self) -> float | None:
+        """Since when every writer's mark has been told to ``watch_wanted``'s callback:
+        since LISTEN took effect on the connection that listens now."""
+        return None if self._wanted_told is None else self._listening_since
+
     def _start(self) -> None:
         """(With the mutex held.)"""
         if self._thread is None and not self._stopped.is_set():

@@ -60,6 +60,9 @@ class WakeUps:
         self._listener.watch_wanted(told)
         return True
 
+    def marks_heard_since(self) -> float | None:
+        return None if self._listener is None else self._listener.marks_heard_since()
+
     def others_waiting(self, key: str, ringing: bool) -> bool | None:
         if self._listener is not None:
             return self._listener.waiting(key)
