@@ -447,6 +447,28 @@ def test_a_reader_refused_by_a_writer_on_postgresql_is_told_so_by_its_join(
     assert "pg_advisory_xact_lock" in sent[0] and sent[1].lstrip().upper().startswith("SELECT")
 
 
+@pytest.mark.postgresql
+@pytest.mark.parametrize("db", ["postgresql"], indirect=True)
+def test_a_reader_refused_for_a_waiting_writer_on_postgresql_sends_only_its_join(
+    make_manager: MakeManager, key: str, driver_statements: DriverStatements
+) -> None:
+    """When the join says that a writer waits (its mark on the group), there is no
+    holder whose row a reader could take over, and the reader reads none."""
+    readers, writers, late = make_manager(), make_manager(), make_manager()
+    first = readers.read_lock(key)
+    assert first.acquire()
+    waiting = Holder(writers.lock(key)).start(wait=False)
+    wait_until(lambda: late.read_lock(key).locked(), "the writer's mark")
+    reader = late.read_lock(key)
+    before = len(driver_statements.sent)
+    assert not reader.acquire(blocking=False)
+    sent = driver_statements.by_this_thread(before)
+    assert len(sent) == 1 and "pg_advisory_xact_lock" in sent[0], sent
+    first.release()
+    waiting.wait_held()
+    waiting.finish()
+
+
 def test_a_reader_refused_lately_asks_again_in_one_statement(
     make_manager: MakeManager,
     key: str,

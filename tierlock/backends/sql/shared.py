@@ -9,9 +9,11 @@ from sqlalchemy import (
     BigInteger,
     Column,
     Float,
+    String,
     Table,
     bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -82,9 +84,10 @@ class SharedStatements:
         )
         self.join_group = join.returning(c.token) if update_returning else join
 
-        # read_blocked(key): a row if a writer holds the key or waits for it.
+        # read_blocked(key): a row if a writer holds the key (mode NULL) or waits for it
+        # (a group's or a reservation's); its token and mode.
         writer_waits = ((c.mode == GROUP) & (c.waiting > utc_now())) | (c.mode == RESERVED)
-        self.read_blocked = select(c.token).where(
+        self.read_blocked = select(c.token, c.mode).where(
             key_is & ~_expired(table) & (c.mode.is_(None) | writer_waits)
         )
 
@@ -92,10 +95,10 @@ class SharedStatements:
         # PostgreSQL: join_group, or found the group (owned by group_owner) if the key has
         # no row, and insert the reader's row under the key reader, in one statement under
         # the key's advisory lock; the reader's token, the group's, and 1 if it founded
-        # the group; a row of nulls if neither could be done because a writer holds the
-        # key or waits for it. No row: a reader founded the group while this one waited
-        # for the lock, unseen in the statement's snapshot, and ``Sharing.join`` goes the
-        # long way.
+        # the group; nulls and the blocking row's mode if neither could be done because a
+        # writer holds the key or waits for it. No row: a reader founded the group while
+        # this one waited for the lock, unseen in the statement's snapshot, and
+        # ``Sharing.join`` goes the long way.
         self.join_or_found = None
         if dialect_name == "postgresql":
             self.join_or_found = _join_or_found(
@@ -282,8 +285,10 @@ def _join_or_found(table: Table, join: Update, serialised: CTE, blocked: Select[
         .returning(c.token, c.parent, was_founded.label("founded"))
         .cte("inserted")
     )
-    refused = select(null(), null(), null()).where(~exists(inserted.select()) & exists(blocked))
-    return union_all(select(inserted.c.token, inserted.c.parent, inserted.c.founded), refused)
+    blocker = blocked.subquery()
+    refused = select(null(), null(), null(), blocker.c.mode).where(~exists(inserted.select()))
+    done = select(inserted.c.token, inserted.c.parent, inserted.c.founded, cast(null(), String))
+    return union_all(done, refused)
 
 
 def _row(values: dict[str, ColumnElement[Any]]) -> Select[Any]:

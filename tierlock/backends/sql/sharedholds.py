@@ -15,7 +15,7 @@ from .engine import SQLITE_LEAST_SHARED_WAIT
 from .link import Link
 from .rows import insert_params
 from .shared import SharedQueries
-from .sharing import ENDED, Mismatch, Sharing, slot_range
+from .sharing import ENDED, Mismatch, Sharing, WriterWaits, slot_range
 
 if TYPE_CHECKING:
     from .backend import SQLBackend
@@ -50,9 +50,12 @@ class SQLSharedHolds(SharedHolds):
                 return None
             backend.limit_busy_wait(link, limit, SQLITE_LEAST_SHARED_WAIT)
             joined = steps.join(link, key, params)
+            if isinstance(joined, WriterWaits):  # (no holder's row to look at)
+                backend.takeover.readers_out(key)
+                return None
             if joined is None and backend.takeover.free_held_row(link, key, writer=False):
                 joined = steps.join(link, key, params)
-            if joined is None:
+            if not isinstance(joined, tuple):
                 return None
             if backend.closed:  # won just as the manager closed: nobody will hold it
                 steps.leave(link, key, owner.owner_id, joined[1])

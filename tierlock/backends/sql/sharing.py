@@ -54,7 +54,15 @@ from .queries import Queries, Query
 from .shared import SharedQueries
 from .table import GROUP, PERMIT, RESERVED, SHARED
 
-__all__ = ["ENDED", "WRITER_WAIT", "Mismatch", "Sharing", "slot_range"]
+__all__ = [
+    "ENDED",
+    "WRITER_WAIT",
+    "WRITER_WAITS",
+    "Mismatch",
+    "Sharing",
+    "WriterWaits",
+    "slot_range",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +79,14 @@ class Mismatch(NamedTuple):
 
     permits: int
     pid: int
+
+
+class WriterWaits:
+    """A join refused because a writer waits: the key's row is a group or a reservation,
+    with no holder whose row a reader could take over."""
+
+
+WRITER_WAITS = WriterWaits()
 
 
 def _members(row: Any) -> int:
@@ -111,19 +127,22 @@ class Sharing:
 
     # -- readers -------------------------------------------------------------------
 
-    def join(self, link: Link, key: str, params: dict[str, Any]) -> tuple[int, int] | None:
+    def join(
+        self, link: Link, key: str, params: dict[str, Any]
+    ) -> tuple[int, int] | WriterWaits | None:
         """Join or found ``key``'s group and insert the reader's row, in one transaction;
         the row's token and the group's, or ``None`` if the key is held exclusively or a
-        writer waits. ``params``: an insert's, for the reader's row."""
+        writer waits (PostgreSQL: ``WRITER_WAITS`` when it says that a writer waits).
+        ``params``: an insert's, for the reader's row."""
         if self.queries.join_or_found is not None:  # (PostgreSQL: in one statement first)
             owner = params["owner"]
             found = {**params, "key": key, "reader": reader_key(key, owner)}
             found["group_owner"] = "g" + owner[1:]  # (owner ids are hex: "g..." is unique)
             rows = link.execute(self.queries.join_or_found, found).rows
             if rows:
-                token, group, founded = rows[0]
-                if token is None:
-                    return None  # (a writer holds the key or waits for it)
+                token, group, founded, blocker = rows[0]
+                if token is None:  # (a writer holds the key, or waits for it)
+                    return WRITER_WAITS if blocker in (GROUP, RESERVED) else None
                 self._counters.add("inserts", 1 + founded)
                 return int(token), int(group)
         with link.transaction():

@@ -68,6 +68,11 @@ class Takeover:
         self._readers_out_until.pop(key, None)
         self._marked.pop(key, None)
 
+    def readers_out(self, key: str) -> None:
+        """A reader's try found ``key`` closed to readers by a writer that waits: it is
+        not read again for readers for ``HOLDER_MEMORY`` seconds, as if a try had read it."""
+        remember(self._readers_out_until, key, time.monotonic() + HOLDER_MEMORY)
+
     def marked_group(self, key: str) -> Reserved | None:
         """The group of ``key`` a writer of the process marked, once: its last reader
         reserves the row for writers as it leaves, and the writer's next try may then
