@@ -527,6 +527,26 @@ def test_a_reader_leaves_in_as_few_statements_as_its_database_allows(
     assert first.holders() == []  # the last reader ended the group
 
 
+def writer_that_marked(
+    manager: tierlock.LockManager, key: str, driver_statements: DriverStatements
+) -> tuple[threading.Thread, list[bool]]:
+    """A thread named "writer" that waits up to 30 s for the write hold of ``key``
+    (whether it got it goes in the list), and releases it; once its first try has
+    marked the group: the insert, the holder's row, the mark, the readers' rows."""
+    got: list[bool] = []
+
+    def write() -> None:
+        writer = manager.write_lock(key)
+        got.append(writer.acquire(timeout=30))
+        if got[-1]:
+            writer.release()
+
+    waiting = threading.Thread(target=write, name="writer")
+    waiting.start()
+    wait_until(lambda: driver_statements.count(thread="writer") >= 4, "the writer's try")
+    return waiting, got
+
+
 def ends_a_group(statements: list[str]) -> list[str]:
     """Those of ``statements`` that end an empty group: they look at its members
     without counting one out."""
@@ -544,18 +564,7 @@ def test_the_last_reader_reserves_the_key_for_a_waiting_writer_as_it_leaves(
     manager, other = make_manager(), make_manager()
     reader = other.read_lock(key)
     assert reader.acquire(timeout=5)
-    got: list[bool] = []
-
-    def write() -> None:
-        writer = manager.write_lock(key)
-        got.append(writer.acquire(timeout=30))
-        if got[-1]:
-            writer.release()
-
-    waiting = threading.Thread(target=write, name="writer")
-    waiting.start()
-    # (its first try marked the group: insert, holder's row, mark, the readers' rows)
-    wait_until(lambda: driver_statements.count(thread="writer") >= 4, "the writer's try")
+    waiting, got = writer_that_marked(manager, key, driver_statements)
     before = len(driver_statements.sent)
     reader.release()
     left = driver_statements.by_this_thread(before)
@@ -644,18 +653,7 @@ def test_a_writer_leaves_a_group_that_still_counts_readers_to_them(
     tried = driver_statements.by_this_thread(before)
     assert tried, "the writer asked"
     assert ends_a_group(tried) == [], tried
-    got: list[bool] = []
-
-    def write() -> None:
-        writer = manager.write_lock(key)
-        got.append(writer.acquire(timeout=30))
-        if got[-1]:
-            writer.release()
-
-    waiting = threading.Thread(target=write, name="writer")
-    waiting.start()
-    # (its first try marked the group: insert, holder's row, mark, the readers' rows)
-    wait_until(lambda: driver_statements.count(thread="writer") >= 4, "the writer's try")
+    waiting, got = writer_that_marked(manager, key, driver_statements)
     reader.release()
     waiting.join(30)
     assert got == [True]

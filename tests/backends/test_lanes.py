@@ -219,18 +219,15 @@ def test_interrupted_in_its_own_statement_the_next_batch_still_goes(
     assert statements.lane.ask("c") == "c!"  # (and the lane is free again)
 
 
-def test_interrupted_right_after_it_queued_it_leaves_the_queue(
-    interrupt: Callable[[Callable[[], Any]], None],
-) -> None:
-    """The signal lands at the first moment a handler can run once the request is in
-    the queue (the call that queued it returns), before the thread waits."""
-    statements = Statements(0)
-    first = statements.under_way("a")
+def interrupted_after_a_call_in_ask(statements: Statements, when: Callable[[], bool]) -> None:
+    """The main thread asks the lane, and is interrupted (the ``interrupt`` fixture's
+    signal) when a call made in ``Lane.ask`` returns once ``when()`` holds: the first
+    moment a signal handler can run there."""
     main = threading.get_ident()
     ask = Lane.ask.__code__
 
     def at_return(frame: Any, event: str, arg: object) -> None:
-        if event == "c_return" and frame.f_code is ask and statements.queued(1)():
+        if event == "c_return" and frame.f_code is ask and when():
             sys.setprofile(None)
             signal.pthread_kill(main, signal.SIGUSR1)
 
@@ -240,6 +237,16 @@ def test_interrupted_right_after_it_queued_it_leaves_the_queue(
             statements.lane.ask("main")
     finally:
         sys.setprofile(None)
+
+
+def test_interrupted_right_after_it_queued_it_leaves_the_queue(
+    interrupt: Callable[[Callable[[], Any]], None],
+) -> None:
+    """The signal lands at the first moment a handler can run once the request is in
+    the queue (the call that queued it returns), before the thread waits."""
+    statements = Statements(0)
+    first = statements.under_way("a")
+    interrupted_after_a_call_in_ask(statements, statements.queued(1))
     assert statements.queued(0)()
     statements.release(0)
     assert first.done() == "a!"
@@ -253,20 +260,7 @@ def test_interrupted_right_after_it_took_the_lane_it_frees_it(
     """As above, for a request that finds the lane free: the signal lands when the call
     that let go of the lane's mutex returns, before its statement is sent."""
     statements = Statements()
-    main = threading.get_ident()
-    ask = Lane.ask.__code__
-
-    def at_return(frame: Any, event: str, arg: object) -> None:
-        if event == "c_return" and frame.f_code is ask and statements.lane._busy == 1:
-            sys.setprofile(None)
-            signal.pthread_kill(main, signal.SIGUSR1)
-
-    sys.setprofile(at_return)
-    try:
-        with pytest.raises(Interrupted):
-            statements.lane.ask("main")
-    finally:
-        sys.setprofile(None)
+    interrupted_after_a_call_in_ask(statements, lambda: statements.lane._busy == 1)
     assert statements.lane._busy == 0
     assert statements.batches == []
     assert Asker(statements, "b").done() == "b!"
