@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import LockError
@@ -90,18 +91,19 @@ class KeyReads:
         self.hot = False  # the key was read again soon after the last hold: keep this one
         self.keep_due = False  # a call to end the kept hold is due
 
-    def known_open(self, heard_since: float | None) -> bool:
-        """Whether a reader may join ``hold`` with no statement; ``heard_since``: see
-        ``ProcessReads.heard_since``."""
-        return time.monotonic() < self.open_until(heard_since)
+    def known_open(self, heard_since: Callable[[], float | None]) -> bool:
+        """Whether a reader may join ``hold`` with no statement; ``heard_since``:
+        ``ProcessReads.heard_since``, asked only once the join window has passed."""
+        now = time.monotonic()
+        return now - self.open_at < JOIN_WINDOW or now < self.open_until(heard_since())
 
     def open_until(self, heard_since: float | None) -> float:
         """Until when (``time.monotonic()``) the group is known open: ``HEARD_WINDOW``
         after the database last said so if every writer's mark since the statement that
-        said so was heard, and none was; else ``JOIN_WINDOW``."""
+        said so was heard, and none was; else ``JOIN_WINDOW`` (never less)."""
         asked = self.asked_at
         heard = heard_since is not None and heard_since <= asked and self.closed_at < asked
-        return self.open_at + (HEARD_WINDOW if heard else JOIN_WINDOW)
+        return self.open_at + (max(HEARD_WINDOW, JOIN_WINDOW) if heard else JOIN_WINDOW)
 
     def opened(self, asked_at: float) -> None:
         """The database said the group open, to a statement sent at ``asked_at``."""

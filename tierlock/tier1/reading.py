@@ -132,7 +132,7 @@ class Readers:
                 self._holds.end_kept(key, entry)
                 continue
             if hold is not None and not entry.closed:
-                if entry.known_open(self._holds.heard_since()):
+                if entry.known_open(self._holds.heard_since):
                     self._join(key, entry, hold, options[2])
                     return True
                 if not entry.polling:

@@ -69,8 +69,8 @@ class Takeover:
         self._marked.pop(key, None)
 
     def readers_out(self, key: str) -> None:
-        """A reader's try found ``key`` closed to readers by a writer that waits: it is
-        not read again for readers for ``HOLDER_MEMORY`` seconds, as if a try had read it."""
+        """A reader's try found ``key`` closed to readers (a writer waits): it is not read
+        again for readers for ``HOLDER_MEMORY`` seconds."""
         remember(self._readers_out_until, key, time.monotonic() + HOLDER_MEMORY)
 
     def marked_group(self, key: str) -> Reserved | None:
@@ -110,7 +110,7 @@ class Takeover:
                 return Reserved(row["token"])
             if row["expired"] and link.count(self._queries.delete_row, params):
                 return True
-            remember(self._readers_out_until, key, now + HOLDER_MEMORY)
+            self.readers_out(key)
             return False
         if row["expired"]:
             if not link.count(self._queries.delete_expired_row, params):
@@ -125,7 +125,7 @@ class Takeover:
             if writer:
                 remember(self._marked, key, row["token"])
                 return self._writer_waits(link, key, row["token"], row["members"] or 0, wait)
-            remember(self._readers_out_until, key, now + HOLDER_MEMORY)
+            self.readers_out(key)
             return False
         if not process.is_gone(row["host_id"], row["pid"], row["proc_start"]):
             remember(self._alive_until, key, now + HOLDER_MEMORY)
