@@ -152,7 +152,8 @@ def test_the_last_readers_leave_wakes_the_waiting_writer_at_once(
 
     thread = threading.Thread(target=write, name="writer")
     thread.start()
-    wait_until(lambda: holder.read_lock(key).locked(), "the writer's mark")
+    # (its first try: the insert, the holder's row, the mark, the readers' rows)
+    wait_until(lambda: driver_statements.count(thread="writer") >= 4, "the writer's mark")
     before = len(driver_statements.sent)
     released = time.monotonic()
     reader.release()
