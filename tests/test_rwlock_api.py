@@ -577,6 +577,13 @@ def test_the_last_reader_reserves_the_key_for_a_waiting_writer_as_it_leaves(
     assert any("DELETE" in sent for sent in took), took  # (it replaced the reserved row)
     if db == "postgresql":
         assert not [sent for sent in took if sent.startswith("BEGIN")], took
+    if db == "mariadb":
+        # Its token drawn first, under a key of its own, and only then the reserved row
+        # deleted and its row moved there: an insert that waited for InnoDB's AUTO-INC
+        # lock while the transaction held the key's row could close a deadlock.
+        last_begin = max(index for index, sent in enumerate(took) if sent == "BEGIN")
+        replaced = [sent.split()[0].upper() for sent in took[last_begin + 1 :]]
+        assert replaced[:4] == ["INSERT", "DELETE", "UPDATE", "COMMIT"], took
 
 
 @pytest.mark.mariadb
@@ -584,24 +591,37 @@ def test_the_last_reader_reserves_the_key_for_a_waiting_writer_as_it_leaves(
 def test_a_join_on_mariadb_looks_its_key_up(make_manager: MakeManager, key: str) -> None:
     """MariaDB planned the join's UPDATE (``lock_key = ? AND expires_at > now``) as a
     range scan of the ``expires_at`` index, which locked every live key's entries and
-    deadlocked with other keys' statements; it must look the key up instead."""
+    deadlocked with other keys' statements, and a statement of one row of a key
+    (``lock_key = ? AND token = ?``) through the primary key, which locks the row before
+    its ``lock_key`` entry, where the key's other statements lock the entry first (a
+    deadlock of a group's count-out with a join): each must look the key up instead."""
     manager = make_manager()
     with manager.read_lock(key):
         pass
     backend = manager._backend
     assert isinstance(backend, SQLBackend)
-    query = backend._shared_queries.join_group
+    shared, plain = backend._shared_queries, backend.queries
+    assert shared.join_this_group is not None
+    this_row = {"key": key, "ttl": 30.0, "group": 1, "row": 1, "k0": key, "o0": "o"}
     connection = backend._engine.raw_connection()
     try:
         cursor = connection.cursor()
-        cursor.execute("EXPLAIN " + query.sql, query.arguments({"key": key, "ttl": 30.0}))
-        names = [column[0] for column in cursor.description]
-        row = cursor.fetchone()
-        assert row is not None
-        plan = dict(zip(names, row, strict=True))
+        for query in (
+            shared.join_this_group,
+            shared.count_out,
+            shared.delete_empty_group,
+            plain.delete_row,
+            plain.delete_expired_row,
+            plain.listed("renew_owned", 1)[0],
+        ):
+            cursor.execute("EXPLAIN " + query.sql, query.arguments(this_row))
+            names = [column[0] for column in cursor.description]
+            row = cursor.fetchone()
+            assert row is not None
+            plan = dict(zip(names, row, strict=True))
+            assert plan["key"] == f"uq_{backend.table.name}_lock_key", (query.sql, plan)
     finally:
         connection.close()
-    assert plan["key"] == f"uq_{backend.table.name}_lock_key", plan
 
 
 def test_a_writer_takes_the_row_reserved_for_it_whatever_readers_of_its_process_saw(

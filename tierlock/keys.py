@@ -80,6 +80,12 @@ def reader_key(key: str, owner_id: str) -> str:
     return f"{key}{MARK}r{owner_id}"
 
 
+def stand_in_key(key: str, owner_id: str) -> str:
+    """The row key under which a writer's row of ``key`` is inserted before it moves to
+    ``key``, in one transaction (MariaDB/MySQL: see ``sql.takeover.take_reserved``)."""
+    return f"{key}{MARK}w{owner_id}"
+
+
 def permit_key(key: str, slot: int) -> str:
     """The row key of permit slot ``slot`` of semaphore ``key``."""
     return f"{key}{MARK}p{slot}"

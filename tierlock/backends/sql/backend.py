@@ -232,8 +232,11 @@ class SQLBackend(TableAdmin, LockBackend):
             return self._insert(link, params, query) if freed else None
         if replace is not None:
             return self._insert(link, {**params, "row": freed.row}, replace)
-        insert = functools.partial(self._insert, link, params, query)
-        token: int | None = take_reserved(link, key, freed, insert, self.queries)
+
+        def insert(row_key: str) -> int | None:
+            return self._insert(link, {**params, "key": row_key}, query)
+
+        token: int | None = take_reserved(link, key, params["owner"], freed, insert, self.queries)
         return token
 
     def release(self, key: str, owner_id: str, live_until: float) -> bool:

@@ -119,13 +119,19 @@ def _after_postgresql(element: utc_after, compiler: SQLCompiler, **kw: Any) -> s
 
 
 class unindexed(FunctionElement[Any]):
-    """A timestamp column's value in a form no index serves. MariaDB plans a key's
-    ``UPDATE ... WHERE lock_key = ? AND expires_at > now`` as a range scan of the
-    ``expires_at`` index, locking every live key's entries on the way, which deadlocks
-    with other keys' statements; with the column hidden, it looks the key up."""
+    """A column's value in a form no index serves, so that MariaDB looks a key's row up
+    by ``lock_key`` alone. It plans ``UPDATE ... WHERE lock_key = ? AND expires_at >
+    now`` as a range scan of the ``expires_at`` index, locking every live key's entries
+    on the way, and ``DELETE ... WHERE lock_key = ? AND token = ?`` through the primary
+    key, locking the row before its ``lock_key`` entry, where every other statement of
+    the key locks the entry first: either deadlocks with statements of other keys, or of
+    the same key."""
 
-    type = Timestamp
     inherit_cache = True
+
+    def __init__(self, column: ColumnElement[Any]) -> None:
+        super().__init__(column)
+        self.type = column.type
 
 
 @compiles(unindexed)
@@ -136,7 +142,8 @@ def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(unindexed, "mysql")
 @compiles(unindexed, "mariadb")
 def _unindexed_mysql(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"({compiler.process(element.clauses, **kw)} + INTERVAL 0 MICROSECOND)"
+    zero = "INTERVAL 0 MICROSECOND" if isinstance(element.type, DateTime) else "0"
+    return f"({compiler.process(element.clauses, **kw)} + {zero})"
 
 
 class larger(FunctionElement[Any]):

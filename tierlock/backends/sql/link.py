@@ -24,14 +24,19 @@ from .queries import Query
 if TYPE_CHECKING:
     from .running import Runner
 
-__all__ = ["Link", "Result"]
+__all__ = ["Link", "Result", "Undo"]
 
 T = TypeVar("T")
 
 _COMMIT = Query("COMMIT", {}, None)
+_ROLLBACK = Query("ROLLBACK", {}, None)
 
 # Where a pooled connection's ``info`` keeps its driver connection and cursor.
 _KEPT_CURSOR = "tierlock.cursor"
+
+
+class Undo(Exception):
+    """Raised inside ``Link.transaction`` to roll the transaction back on purpose."""
 
 
 class Link:
@@ -116,7 +121,8 @@ class Link:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Run the statements sent inside as one transaction, committed at the end; on
-        a failure the pool rolls it back when the connection returns to it."""
+        a failure the pool rolls it back when the connection returns to it. ``Undo``
+        raised inside rolls it back at once, and goes no further."""
         commit, self._commit = self._commit, False
         try:
             if not commit:  # (an autocommit connection of tierlock's own)
@@ -126,6 +132,11 @@ class Link:
                 self._connection.commit()
             else:
                 self.count(_COMMIT)
+        except Undo:
+            if commit:
+                self._connection.rollback()
+            else:
+                self.count(_ROLLBACK)
         except BaseException:
             self._failed = True
             self._roll_back()

@@ -65,6 +65,7 @@ class Queries:
 
     insert_if_absent: Query
     serialise_key: Query | None = None
+    rename_row: Query | None = None
     notify_forced: Query | None = None
     select_holder: Query
     delete_expired_row: Query

@@ -25,7 +25,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.sql.expression import ColumnElement, Delete, Select, Update
+from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
 
 from .columns import larger, unindexed, utc_after, utc_now
 from .notify import WRITER
@@ -60,7 +60,7 @@ class SharedStatements:
         key_is = c.lock_key == bindparam("key")
         group_is = key_is & (c.mode == GROUP)
         open_group = (c.waiting.is_(None)) | (c.waiting <= utc_now())
-        this_group = key_is & (c.token == bindparam("group", type_=BigInteger))
+        this_group = key_is & (unindexed(c.token) == bindparam("group", type_=BigInteger))
 
         # join_group(key, ttl): 1 row if an open, live group of the key now counts one
         # more member and lasts at least ttl from now (its token returned where UPDATE
@@ -111,16 +111,21 @@ class SharedStatements:
         # statement's end, which deadlocked readers joining other keys at once. (A reader's
         # row is only ever inserted by its owner, so no other insert of its key can draw
         # in between, and a writer of the key can win only once the group is gone, after
-        # every member drew.)
-        self.insert_member = None
+        # every member drew.) insert_founder(key, owner, ...): the same for an empty
+        # group under the key. A writer's insert may draw after it and win before it:
+        # the group's token is then below the writer's, but it fences nothing (a read's
+        # token is its reader's row's, drawn once the group stands, and a writer that
+        # takes a group's key over draws anew).
+        # open_group(key), join_this_group(key, group, ttl), MariaDB/MySQL: the token of
+        # the key's group if it is live and takes members (a plain read: no lock); that
+        # group joined, as join_group. There a reader inserts its row first and joins
+        # the group after (see ``Sharing.join``).
+        counted_last: tuple[Any, Any, Any, Any] = (None, None, None, None)
         if dialect_name in ("mysql", "mariadb"):
-            member = {
-                **holder_values(),
-                **process_values(),
-                "mode": literal(SHARED),
-                "parent": bindparam("parent", type_=BigInteger),
-            }
-            self.insert_member = insert(table).values(member).prefix_with("IGNORE")
+            counted_last = _counted_last(table, join.where(this_group), joinable)
+        self.insert_member, self.insert_founder, self.open_group, self.join_this_group = (
+            counted_last
+        )
 
         # select_group(key): the token of the key's group row, if it has one.
         self.select_group = select(c.token).where(group_is)
@@ -132,8 +137,7 @@ class SharedStatements:
         # (where UPDATE ... RETURNING exists): the same, and a group it leaves empty
         # while a writer waits is reserved for writers at once, as reserve_empty_group
         # would (both read the row as it was); the members it counts now and its mode.
-        count_out = update(table).where(this_group).values(members=c.members - 1)
-        self.count_out = count_out
+        self.count_out = count_out = update(table).where(this_group).values(members=c.members - 1)
         emptied = (c.members <= 1) & ~open_group
         counted = count_out.values(
             mode=case((emptied, literal(RESERVED)), else_=c.mode),
@@ -241,7 +245,10 @@ class SharedStatements:
         named = listed(self._table, size) & c.lease.isnot(None)
         return (
             update(self._table)
-            .where((named | ((c.mode == GROUP) & c.lock_key.in_(groups))) & ~_expired(self._table))
+            .where(
+                (named | ((c.mode == GROUP) & c.lock_key.in_(groups)))
+                & ~_expired(self._table, by_key=True)
+            )
             .values(expires_at=utc_after(c.lease))
         )
 
@@ -291,6 +298,21 @@ def _join_or_found(table: Table, join: Update, serialised: CTE, blocked: Select[
     return union_all(done, refused)
 
 
+def _counted_last(
+    table: Table, join_this_group: Update, joinable: ColumnElement[bool]
+) -> tuple[Insert, Insert, Select[Any], Update]:
+    """``SharedStatements.insert_member``, ``insert_founder``, ``open_group`` and
+    ``join_this_group``, for MariaDB/MySQL."""
+    inserts = []
+    for shared in (
+        {"mode": literal(SHARED), "parent": bindparam("parent", type_=BigInteger)},
+        {"mode": literal(GROUP), "members": literal(0)},
+    ):
+        values = {**holder_values(), **process_values(), **shared}
+        inserts.append(insert(table).values(values).prefix_with("IGNORE"))
+    return inserts[0], inserts[1], select(table.c.token).where(joinable), join_this_group
+
+
 def _row(values: dict[str, ColumnElement[Any]]) -> Select[Any]:
     return select(*(value.label(name) for name, value in values.items()))
 
@@ -313,6 +335,9 @@ class SharedQueries(Queries):
     join_group: Query
     join_or_found: Query | None = None
     insert_member: Query | None = None
+    insert_founder: Query | None = None
+    open_group: Query | None = None
+    join_this_group: Query | None = None
     select_group: Query
     group_open: Query
     count_out: Query

@@ -10,7 +10,10 @@ transaction; it leaves by deleting its row and, only if that delete removed it,
 subtracting one, in one transaction, then deletes the group row if the count is zero.
 (On PostgreSQL each transaction is one statement, with data-modifying CTEs; a join
 whose snapshot missed a group founded while it waited for the key's lock goes on with
-the transaction.)
+the transaction. On MariaDB/MySQL a join inserts its row before it counts itself in,
+and founds an empty group apart: no transaction there draws a token after it locked a
+row, which deadlocks with an insert holding InnoDB's AUTO-INC lock; and every
+transaction that changes a group and a reader's row changes the group first.)
 Whoever deletes a reader's row (its owner, a writer freeing a dead reader, the reaper,
 the sweep after an interrupted acquire) counts it out in the same transaction, so each
 member is counted out exactly once, and a retry after a lost reply repeats nothing. An
@@ -49,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 from ... import process
 from ...keys import MARK, permit_key, reader_key, user_key
 from ...stats import Counters
-from .link import Link
+from .link import Link, Undo
 from .queries import Queries, Query
 from .shared import SharedQueries
 from .table import GROUP, PERMIT, RESERVED, SHARED
@@ -145,6 +148,8 @@ class Sharing:
                     return WRITER_WAITS if blocker in (GROUP, RESERVED) else None
                 self._counters.add("inserts", 1 + founded)
                 return int(token), int(group)
+        if self.queries.join_this_group is not None:
+            return self._join_counted_last(link, key, params)
         with link.transaction():
             group = self._join_group(link, key, params["ttl"])
             if group is None:
@@ -160,6 +165,35 @@ class Sharing:
         if token is None:  # (an earlier try of the owner inserted it after all)
             raise RuntimeError(f"a reader's row of {key!r} exists already")
         return token, group
+
+    def _join_counted_last(
+        self, link: Link, key: str, params: dict[str, Any]
+    ) -> tuple[int, int] | None:
+        """``join`` on MariaDB/MySQL, where an insert that draws a token may wait for
+        InnoDB's AUTO-INC lock, held by another key's insert that may itself wait for a
+        row lock: so the transaction draws first, before it locks a row. It reads the
+        group's token (founding the group, empty, if the key has no row), inserts the
+        reader's row, and then counts it in; if the group closed or ended meanwhile, it
+        rolls back, and the caller looks at the key again."""
+        queries, found = self.queries, {"key": key}
+        assert queries.open_group is not None and queries.join_this_group is not None
+        group = link.first(queries.open_group, found)
+        if group is None:
+            founder = {**params, "key": key, "mode": GROUP, "members": 0}
+            founder.update(owner="g" + params["owner"][1:], lease=params["ttl"])
+            founded = self._insert(link, founder, queries.insert_founder)  # ("g...": unique)
+            group = (founded,) if founded is not None else link.first(queries.open_group, found)
+        if group is None:
+            return None
+        with link.transaction():
+            token = self._insert(link, self._member(key, params, group[0]), queries.insert_member)
+            if token is None:
+                raise RuntimeError(f"a reader's row of {key!r} exists already")
+            counted_in = {"key": key, "group": group[0], "ttl": params["ttl"]}
+            if link.count(queries.join_this_group, counted_in) != 1:
+                raise Undo
+            return token, int(group[0])
+        return None
 
     @staticmethod
     def _member(key: str, params: dict[str, Any], group: int) -> dict[str, Any]:
@@ -193,16 +227,16 @@ class Sharing:
                 queries.leave_group, {**this_group, "reader": reader, "owner": owner_id}
             ).rows
             return _members(rows[0]) if rows else None
-        with link.transaction():
-            if (
-                link.execute(self.plain.delete_owned, {"key": reader, "owner": owner_id}).rowcount
-                != 1
-            ):
-                return None
+        with link.transaction():  # (the group's row first: see ``_free_reader``)
             if queries.count_out_members is None:
-                return 0 if self._count_out(link, key, group) else None
-            rows = link.execute(queries.count_out_members, this_group).rows
-            return _members(rows[0]) if rows else None
+                members = 0 if self._count_out(link, key, group) else None
+            else:
+                rows = link.execute(queries.count_out_members, this_group).rows
+                members = _members(rows[0]) if rows else None
+            if link.count(self.plain.delete_owned, {"key": reader, "owner": owner_id}) != 1:
+                raise Undo  # (the hold was lost: whoever deleted the row counted it out)
+            return members
+        return None
 
     def _count_out(self, link: Link, key: str, group: int) -> bool:
         """``group`` counts one member fewer; ``False`` if it is gone."""
@@ -221,13 +255,16 @@ class Sharing:
         """Delete the reader's row ``row_key`` of ``owner_id`` if it is there, counted out
         of its group, in one transaction; the group's token if it was there."""
         params = {"key": row_key, "owner": owner_id}
-        with link.transaction():
-            rows = link.execute(self.queries.select_reader, params).rows
-            if not rows or link.execute(self.plain.delete_owned, params).rowcount != 1:
-                return None
-            group: int = rows[0][1]
+        rows = link.execute(self.queries.select_reader, params).rows
+        if not rows:
+            return None
+        group: int = rows[0][1]
+        with link.transaction():  # (the group's row first: see ``_free_reader``)
             self._count_out(link, user_key(row_key), group)
-        return group
+            if link.count(self.plain.delete_owned, params) != 1:
+                raise Undo
+            return group
+        return None
 
     def still_open(self, link: Link, key: str, group: int) -> bool:
         """Whether ``group`` takes members (no writer waits)."""
@@ -255,11 +292,15 @@ class Sharing:
     def _free_reader(self, link: Link, key: str, row: dict[str, Any]) -> bool:
         if not self._holder_gone(row):
             return False  # (a live reader: no transaction to open for nothing)
+        # Every transaction that changes a group and a reader's row locks the group's row
+        # first, as the heartbeat's renewal of both does (the group's key sorts first):
+        # InnoDB then never meets two of them locking the two rows in opposite orders.
         with link.transaction():
-            if not self._free(link, row):
-                return False
             self._count_out(link, key, row["parent"])
-        return True
+            if not self._free(link, row):
+                raise Undo
+            return True
+        return False
 
     def _free(self, link: Link, row: dict[str, Any]) -> bool:
         """Delete a reader's or permit's row whose lease ended or whose holder process is

@@ -45,6 +45,7 @@ from .columns import (
     LockKeyType,
     Timestamp,
     plain,
+    unindexed,
     utc_after,
     utc_now,
 )
@@ -172,8 +173,11 @@ def process_values() -> dict[str, ColumnElement[Any]]:
 HOLDER = holder_values()
 
 
-def _expired(table: Table) -> ColumnElement[bool]:
-    return table.c.expires_at <= utc_now()
+def _expired(table: Table, *, by_key: bool = False) -> ColumnElement[bool]:
+    """Whether a row's lease has ended; ``by_key``: in a statement that changes rows it
+    finds by their keys, which MariaDB must not look up by their expiry (``unindexed``)."""
+    expires_at = unindexed(table.c.expires_at) if by_key else table.c.expires_at
+    return expires_at <= utc_now()
 
 
 _SESSION_ALIVE = {
@@ -219,6 +223,13 @@ class Statements:
         self.serialise_key: Select[Any] | None = None
         if dialect_name == "postgresql":
             self.serialise_key = key_serialiser(table)
+        # rename_row(placeholder, key), MariaDB/MySQL: the row under placeholder is now
+        # under key (a writer draws its token before it takes a reservation: see
+        # ``takeover.take_reserved``).
+        self.rename_row: Update | None = None
+        if dialect_name in MYSQL_FAMILY:
+            placed = c.lock_key == bindparam("placeholder")
+            self.rename_row = update(table).where(placed).values(lock_key=bindparam("key"))
 
         # select_holder(key): the holder's row (its token, and who and where it is, and a
         # group's members) with the database's verdict on its lease; no row if the key is
@@ -235,8 +246,8 @@ class Statements:
 
         # delete_expired_row(key, row): 1 row if that row of the key was removed because
         # its lease had ended (a waiter takes over); 0 rows if it is gone or was renewed.
-        row_is = key_is & (c.token == bindparam("row", type_=BigInteger))
-        self.delete_expired_row = delete(table).where(row_is & _expired(table))
+        row_is = key_is & (unindexed(c.token) == bindparam("row", type_=BigInteger))
+        self.delete_expired_row = delete(table).where(row_is & _expired(table, by_key=True))
 
         # delete_row(key, row): 1 row if that row of the key was removed, whatever its
         # lease: its holder process is proven gone (see tierlock.process).
@@ -378,7 +389,11 @@ class Statements:
         c = self._table.c
         return (
             update(self._table)
-            .where(listed(self._table, size) & c.lease.isnot(None) & ~_expired(self._table))
+            .where(
+                listed(self._table, size)
+                & c.lease.isnot(None)
+                & ~_expired(self._table, by_key=True)
+            )
             .values(expires_at=utc_after(c.lease))
         )
 

@@ -19,9 +19,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ... import process
+from ...keys import stand_in_key
 from ...memories import remember
 from ...stats import Counters
-from .link import Link
+from .link import Link, Undo
 from .queries import Queries
 from .table import GROUP, RESERVED
 
@@ -140,16 +141,33 @@ class Takeover:
 
 
 def take_reserved(
-    link: Link, key: str, reserved: Reserved, insert: Callable[[], Any], queries: Queries
+    link: Link,
+    key: str,
+    owner_id: str,
+    reserved: Reserved,
+    insert: Callable[[str], Any],
+    queries: Queries,
 ) -> Any:
-    """Replace the reserved row of ``key`` with the writer's (``insert()``, whose
+    """Replace the reserved row of ``key`` with the writer's (``insert(row_key)``, whose
     result is returned), in one transaction: an insert of the key by anyone else waits
-    for it, and then finds the writer's row."""
+    for it, and then finds the writer's row. MariaDB/MySQL: the writer's row is
+    inserted first, under a key of its own, and moved to ``key`` once the reservation is
+    gone: an insert there may wait for InnoDB's AUTO-INC lock, and one that waited for
+    it holding the key's row would deadlock with another insert of the key, which holds
+    that lock while it waits for the row."""
     with link.transaction():
         if queries.serialise_key is not None:
             # First, as the insert would: a reader's insert holds it while it waits for
             # the delete, and would deadlock with an insert that asked for it after.
             link.execute(queries.serialise_key, {"key": key})
-        if not link.count(queries.delete_row, {"key": key, "row": reserved.row}):
-            return None
-        return insert()
+        if queries.rename_row is None:
+            if not link.count(queries.delete_row, {"key": key, "row": reserved.row}):
+                return None
+            return insert(key)
+        placeholder = stand_in_key(key, owner_id)
+        token = insert(placeholder)
+        if token is None or not link.count(queries.delete_row, {"key": key, "row": reserved.row}):
+            raise Undo
+        link.count(queries.rename_row, {"key": key, "placeholder": placeholder})
+        return token
+    return None
