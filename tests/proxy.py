@@ -7,7 +7,9 @@ client hears back (``drop_reply``), either followed by a stall if asked; cut eve
 connection (``cut_all``); hold every byte in both directions, as a hung server would,
 until ``resume`` (``stall``, or ``stall_at`` a given statement); or turn new connections
 away (``refuse_new``). ``fired`` counts faults that really happened, so a test can tell a
-handled fault from one that never occurred.
+handled fault from one that never occurred. A pattern matches a statement that names it
+outside MariaDB's insert-if-absent clause (``ON DUPLICATE KEY UPDATE``): ``b"UPDATE"``
+means an UPDATE, not an insert.
 
 The proxy runs an asyncio event loop in a thread of its own, so synchronous tests drive
 it with plain calls; every call runs on that loop and waits for it. Faults match within
@@ -25,6 +27,14 @@ from typing import TypeVar
 __all__ = ["DEAD_KINDS", "DeadAddress", "Proxy"]
 
 T = TypeVar("T")
+
+_IF_ABSENT = b"ON DUPLICATE KEY UPDATE"
+
+
+def _names(chunk: bytes, pattern: bytes) -> bool:
+    """Whether ``chunk`` holds ``pattern`` outside an ``ON DUPLICATE KEY UPDATE``."""
+    return pattern in chunk.replace(_IF_ABSENT, b"")
+
 
 CHUNK = 65536
 # How long the test thread waits for the proxy's loop to run a command.
@@ -123,11 +133,11 @@ class Proxy:
 
     def held(self, pattern: bytes) -> int:
         """How many chunks containing ``pattern`` a stall holds right now."""
-        return self._call(lambda: sum(pattern in chunk for chunk in self._held))
+        return self._call(lambda: sum(_names(chunk, pattern) for chunk in self._held))
 
     def forwarded(self, pattern: bytes) -> int:
         """How many client chunks containing ``pattern`` reached the server."""
-        return self._call(lambda: sum(pattern in chunk for chunk in self._forwarded))
+        return self._call(lambda: sum(_names(chunk, pattern) for chunk in self._forwarded))
 
     def close(self) -> None:
         """Stop serving, cut what is open and end the loop's thread."""
@@ -220,7 +230,7 @@ class Proxy:
                 if pair.stall_after_drop:
                     self._flowing.clear()
             return pair.drop_next_reply
-        if self._fault is not None and self._fault[1] in data:
+        if self._fault is not None and _names(data, self._fault[1]):
             kind, _, then_stall = self._fault
             self._fault = None
             if kind == "stall":

@@ -426,6 +426,15 @@ def test_a_reader_joins_an_open_group_in_as_few_statements_as_its_database_allow
         # which deadlocked readers joining other keys (half of their retries).
         inserts = [sent for sent in joined if sent.upper().startswith("INSERT")]
         assert len(inserts) == 1 and " VALUES " in inserts[0].upper(), joined
+        # Every insert-if-absent locks a duplicate exclusively (ON DUPLICATE KEY UPDATE,
+        # not INSERT IGNORE, whose shared locks deadlocked inserts of a key whose row
+        # was just deleted): the founder's, the reader's, and a writer's.
+        founding = [sent for sent in founded if sent.upper().startswith("INSERT")]
+        before = len(driver_statements.sent)
+        with first.lock(f"{key}:written"):
+            written = driver_statements.by_this_thread(before)
+        for sent in [*founding, *inserts, *written[:1]]:
+            assert "ON DUPLICATE KEY UPDATE" in sent.upper() and "IGNORE" not in sent, sent
     assert first.holders() == []
 
 

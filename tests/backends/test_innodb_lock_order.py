@@ -111,10 +111,13 @@ def warm_up(*managers: tierlock.LockManager) -> None:
             pass
 
 
-def lock_row(session: Any, table: str, key: str) -> None:
-    """Lock ``key``'s row in ``session``'s transaction; a deadlock raises."""
-    run(session, "SET SESSION innodb_lock_wait_timeout = 30")
-    run(session, f"SELECT token FROM {table} WHERE lock_key = %s FOR UPDATE", key)
+def lock_once_an_insert_waits(held: tuple[Any, Any, int], table: str, key: str) -> None:
+    """Once an insert of tierlock's waits behind ``auto_inc_held``'s, lock ``key``'s row
+    in the transaction of the session that holds the other row; a deadlock raises."""
+    row_holder, monitor, inserter_id = held
+    wait_until(lambda: waiting_inserts(monitor, inserter_id), "the insert to wait", pause=TRX_POLL)
+    run(row_holder, "SET SESSION innodb_lock_wait_timeout = 30")
+    run(row_holder, f"SELECT token FROM {table} WHERE lock_key = %s FOR UPDATE", key)
 
 
 def test_a_reader_draws_its_token_before_it_locks_the_group(
@@ -133,16 +136,42 @@ def test_a_reader_draws_its_token_before_it_locks_the_group(
             reading.release()
 
     joining = threading.Thread(target=join)
-    with auto_inc_held(engine, table, founder) as (row_holder, monitor, inserter_id):
+    with auto_inc_held(engine, table, founder) as held:
         joining.start()
-        wait_until(
-            lambda: waiting_inserts(monitor, inserter_id),
-            "the reader's insert to wait",
-            pause=TRX_POLL,
-        )
         # Were the group's row the reader's already, this would close the cycle.
-        lock_row(row_holder, table, key)
+        lock_once_an_insert_waits(held, table, key)
     joining.join(timeout=60)
     assert joined.is_set()
     assert joiner.stats().contention_retries == 0
     read.release()
+
+
+def test_a_writer_that_keeps_reading_draws_its_token_before_it_turns_its_row_to_a_group(
+    make_manager: MakeManager, table: str, key: str, engine: Engine
+) -> None:
+    """Releasing a write hold under a read hold of the same thread turns the writer's
+    row into a group and inserts the reader's row: the insert comes first."""
+    manager = make_manager()
+    warm_up(manager)
+    write, read = manager.lock(key), manager.read_lock(key)
+    downgraded = threading.Event()
+    took = threading.Barrier(2)
+
+    def downgrade() -> None:
+        assert write.acquire() and read.acquire()
+        took.wait()
+        took.wait()
+        write.release()  # (the thread reads on)
+        downgraded.set()
+        read.release()
+
+    downgrading = threading.Thread(target=downgrade)
+    downgrading.start()
+    took.wait()
+    with auto_inc_held(engine, table, make_manager()) as held:
+        took.wait()
+        # Were the writer's row a group already, this would close the cycle.
+        lock_once_an_insert_waits(held, table, key)
+    downgrading.join(timeout=60)
+    assert downgraded.is_set()
+    assert manager.stats().contention_retries == 0

@@ -149,7 +149,9 @@ class Batches:
         else:
             ordered = sorted(requests, key=lambda each: each.key)  # (see ExclusiveInsert)
             params = rows_params([each.params for each in ordered])
-            won = {owner: token for token, owner in link.execute(query, params).rows}
+            mine = {each.owner.owner_id for each in requests}  # (not a duplicate's holder)
+            rows = link.execute(query, params).rows
+            won = {owner: token for token, owner in rows if owner in mine}
             counters = backend.counters
             counters.add("shared_statements")
             counters.add("inserts", len(won))

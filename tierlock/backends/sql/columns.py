@@ -21,6 +21,7 @@ __all__ = [
     "ROW_KEY_LENGTH",
     "LockKeyType",
     "Timestamp",
+    "if_absent",
     "larger",
     "plain",
     "unindexed",
@@ -144,6 +145,17 @@ def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
 def _unindexed_mysql(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     zero = "INTERVAL 0 MICROSECOND" if isinstance(element.type, DateTime) else "0"
     return f"({compiler.process(element.clauses, **kw)} + {zero})"
+
+
+def if_absent(statement: mysql.Insert) -> mysql.Insert:
+    """MariaDB/MySQL's insert-if-absent: a duplicate key changes nothing (``ON DUPLICATE
+    KEY UPDATE`` of the key to itself). Not ``INSERT IGNORE``: for a duplicate, InnoDB
+    then locks the existing entry exclusively, not shared, so that inserts of a key
+    whose row was just deleted wait for one another instead of deadlocking (each holding
+    a shared lock on the deleted entry, each waiting to insert beside it). The server
+    reports such a duplicate as one row found (or none) with no insert id, and returns
+    the existing row to a ``RETURNING``."""
+    return statement.on_duplicate_key_update(lock_key=statement.table.c.lock_key)
 
 
 class larger(FunctionElement[Any]):

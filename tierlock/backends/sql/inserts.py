@@ -21,18 +21,17 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
-    insert,
     literal_column,
     null,
     select,
     union_all,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.expression import ColumnElement, Insert
 
 from ...records import Owner
-from .columns import plain
+from .columns import if_absent, plain
 from .queries import Query
 from .table import RESERVED, holder_values, key_serialiser
 
@@ -179,12 +178,9 @@ class ExclusiveInsert:
                 .on_conflict_do_nothing(index_elements=[c.lock_key])
                 .returning(c.token, c.owner_id)
             )
-        # (IGNORE, as in insert_of: every value is checked or cut to size before.)
-        return (
-            insert(table)
-            .from_select(names, union_all(*selects))
-            .prefix_with("IGNORE")
-            .returning(c.token, c.owner_id)
+        # (A duplicate's row comes back too, under its holder's owner id.)
+        return if_absent(mysql.insert(table).from_select(names, union_all(*selects))).returning(
+            c.token, c.owner_id
         )
 
 

@@ -249,8 +249,9 @@ def _first(cursor: Any) -> Any:
 
 
 def _inserted(cursor: Any) -> int | None:
-    # (An insert that did nothing leaves lastrowid at an earlier insert's id.)
-    return cursor.lastrowid if cursor.rowcount == 1 else None
+    # (An insert that did nothing leaves lastrowid at an earlier insert's id, or, as a
+    # duplicate that MariaDB counts as found, at 0.)
+    return (cursor.lastrowid or None) if cursor.rowcount == 1 else None
 
 
 class Result(NamedTuple):

@@ -17,17 +17,16 @@ from sqlalchemy import (
     delete,
     exists,
     func,
-    insert,
     literal,
     null,
     select,
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
 
-from .columns import larger, unindexed, utc_after, utc_now
+from .columns import if_absent, larger, unindexed, utc_after, utc_now
 from .notify import WRITER
 from .queries import Queries, Query
 from .table import (
@@ -309,7 +308,7 @@ def _counted_last(
         {"mode": literal(GROUP), "members": literal(0)},
     ):
         values = {**holder_values(), **process_values(), **shared}
-        inserts.append(insert(table).values(values).prefix_with("IGNORE"))
+        inserts.append(if_absent(mysql.insert(table).values(values)))
     return inserts[0], inserts[1], select(table.c.token).where(joinable), join_this_group
 
 

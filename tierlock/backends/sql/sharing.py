@@ -345,15 +345,19 @@ class Sharing:
         """Turn the exclusive hold of ``key`` of ``params["held_by"]`` into a group of one
         reader, whose row is inserted with ``params``; its token and the group's, or
         ``None`` if the hold was no longer theirs."""
-        queries = self.queries
         held = {"key": key, "owner": params["held_by"], "ttl": params["ttl"]}
-        with link.transaction():
-            if link.execute(queries.to_group, held).rowcount != 1:
-                return None
-            group = int(link.execute(queries.select_group, {"key": key}).rows[0][0])
+        rows = link.execute(self.plain.select_owned_token, held).rows
+        if not rows:
+            return None
+        group = int(rows[0][0])  # (the row keeps its token as it becomes the group)
+        with link.transaction():  # (the reader's token drawn first: ``_join_counted_last``)
             token = self._insert(link, self._member(key, params, group), self.queries.insert_member)
-        assert token is not None
-        return token, group
+            if token is None:
+                raise RuntimeError(f"a reader's row of {key!r} exists already")
+            if link.count(self.queries.to_group, held) != 1:
+                raise Undo
+            return token, group
+        return None
 
     def extend_group(self, link: Link, key: str, ttl: float) -> bool:
         return link.execute(self.queries.extend_group, {"key": key, "ttl": ttl}).rowcount == 1

@@ -24,13 +24,12 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    insert,
     literal,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.sql.expression import (
     ColumnElement,
     Delete,
@@ -44,6 +43,7 @@ from .columns import (
     ROW_KEY_LENGTH,
     LockKeyType,
     Timestamp,
+    if_absent,
     plain,
     unindexed,
     utc_after,
@@ -374,9 +374,7 @@ class Statements:
                 .values(values)
                 .on_conflict_do_nothing(index_elements=[c.lock_key])
             )
-        # Safe here, though IGNORE also demotes other errors to warnings: every value
-        # is checked or cut to its column's size before it is sent.
-        return insert(table).from_select(names, row).prefix_with("IGNORE")
+        return if_absent(mysql.insert(table).from_select(names, row))
 
     # The heartbeat names the rows it renews: a statement for ``size`` rows binds keys
     # k0, k1, ... and owner ids o0, o1, ... (unused places get "", which no row has).
