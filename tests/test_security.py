@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 
 import tierlock
 from tierlock.records import _hostname
+from tierlock.tier1 import passing
 
 MakeManager = Callable[..., tierlock.LockManager]
 
@@ -165,11 +166,19 @@ def test_odd_thread_names_are_stored_safely(
 @pytest.mark.parametrize("renew", [False, True], ids=["fixed", "renewed"])
 @pytest.mark.parametrize(("name", "stored"), ODD_NAMES)
 def test_odd_thread_name_of_a_waiter_survives_the_hand_off(
-    manager: tierlock.LockManager, key: str, name: str, stored: str, renew: bool
+    manager: tierlock.LockManager,
+    key: str,
+    name: str,
+    stored: str,
+    renew: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A fixed-lease hand-off UPDATE is sent by the releasing thread with the waiter's
     name, and a renewed hold's heartbeat writes it after a hand-off that sent nothing:
     a name the database cannot take would break the holder's release or the beat."""
+    # A renewed hold passes in memory only within CONFIRMED_WITHIN (0.1 s) of its last
+    # statement; a waiter's thread may take longer than that to start and queue.
+    monkeypatch.setattr(passing, "CONFIRMED_WITHIN", 60.0)
     lock = manager.lock(key, ttl=1.5, renew=renew)
     assert lock.acquire()
     seen: list[tierlock.LockInfo | None] = []
