@@ -133,10 +133,11 @@ class Sharing:
     def join(
         self, link: Link, key: str, params: dict[str, Any]
     ) -> tuple[int, int] | WriterWaits | None:
-        """Join or found ``key``'s group and insert the reader's row, in one transaction;
-        the row's token and the group's, or ``None`` if the key is held exclusively or a
-        writer waits (PostgreSQL: ``WRITER_WAITS`` when it says that a writer waits).
-        ``params``: an insert's, for the reader's row."""
+        """Join or found ``key``'s group and insert the reader's row, in one transaction
+        (MariaDB/MySQL: the founding apart, see ``_join_counted_last``); the row's token
+        and the group's, or ``None`` if the key is held exclusively or a writer waits
+        (PostgreSQL: ``WRITER_WAITS`` when it says that a writer waits). ``params``: an
+        insert's, for the reader's row."""
         if self.queries.join_or_found is not None:  # (PostgreSQL: in one statement first)
             owner = params["owner"]
             found = {**params, "key": key, "reader": reader_key(key, owner)}
@@ -175,25 +176,32 @@ class Sharing:
         group's token (founding the group, empty, if the key has no row), inserts the
         reader's row, and then counts it in; if the group closed or ended meanwhile, it
         rolls back, and the caller looks at the key again."""
-        queries, found = self.queries, {"key": key}
-        assert queries.open_group is not None and queries.join_this_group is not None
-        group = link.first(queries.open_group, found)
+        queries = self.queries
+        assert queries.join_this_group is not None
+        group = self._open_group(link, key)
         if group is None:
             founder = {**params, "key": key, "mode": GROUP, "members": 0}
             founder.update(owner="g" + params["owner"][1:], lease=params["ttl"])
-            founded = self._insert(link, founder, queries.insert_founder)  # ("g...": unique)
-            group = (founded,) if founded is not None else link.first(queries.open_group, found)
+            group = self._insert(link, founder, queries.insert_founder)  # ("g...": unique)
+            if group is None:  # (another reader founded it meanwhile)
+                group = self._open_group(link, key)
         if group is None:
             return None
         with link.transaction():
-            token = self._insert(link, self._member(key, params, group[0]), queries.insert_member)
+            token = self._insert(link, self._member(key, params, group), queries.insert_member)
             if token is None:
                 raise RuntimeError(f"a reader's row of {key!r} exists already")
-            counted_in = {"key": key, "group": group[0], "ttl": params["ttl"]}
+            counted_in = {"key": key, "group": group, "ttl": params["ttl"]}
             if link.count(queries.join_this_group, counted_in) != 1:
                 raise Undo
-            return token, int(group[0])
+            return token, group
         return None
+
+    def _open_group(self, link: Link, key: str) -> int | None:
+        """The token of ``key``'s group if it takes members, by a plain read (no lock)."""
+        assert self.queries.open_group is not None
+        row = link.first(self.queries.open_group, {"key": key})
+        return None if row is None else int(row[0])
 
     @staticmethod
     def _member(key: str, params: dict[str, Any], group: int) -> dict[str, Any]:
