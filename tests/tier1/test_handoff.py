@@ -146,7 +146,10 @@ def test_a_release_on_mariadb_wakes_a_poller_blocked_on_the_doorbell(
 
     contender = threading.Thread(target=contend_then_hold)
     contender.start()
-    wait_until(lambda: holder.stats().insert_conflicts > 0, "the contender to miss")
+    # (Released only once the contender polls under the key's named lock: released any
+    # earlier, between its first miss and its taking the named lock, it would win
+    # without ever taking it.)
+    wait_until(lambda: poller._backend.others_waiting(key, ringing=False), "the contender to poll")
     plain.release()
     assert won.wait(20)
     assert poller._backend.others_waiting(key, ringing=False)  # the holder keeps the doorbell
