@@ -6,8 +6,8 @@ section lives in shared memory, one field per worker thread (a *slot*) and one w
 per field, so that a killed process leaves the books consistent: no cross-process mutex
 is taken (a killed holder would keep it for good). Every section checks, as it enters
 and again as it leaves, that no writer is beside anyone on its key and that no more
-threads than ``permits`` are inside a semaphore's key. :class:`RWReport` is what a load
-did and saw. :class:`Timeline` holds when the holds of the writer preference test's
+threads than ``permits`` are inside a semaphore's key at one moment. :class:`RWReport`
+is what a load did and saw. :class:`Timeline` holds when the holds of the writer preference test's
 readers were asked for, began and ended.
 """
 
@@ -44,6 +44,8 @@ class Board:
         self.slots = slots = processes * threads
         self.stopping = procs.CTX.RawValue(ctypes.c_int, 0)
         self.place = procs.CTX.RawArray(ctypes.c_longlong, slots)  # 0: outside
+        # Each slot's turns inside, counted as it enters and as it leaves: odd inside.
+        self.turns = procs.CTX.RawArray(ctypes.c_longlong, slots)
         self.dying = procs.CTX.RawArray(ctypes.c_int, slots)
         self.sections = procs.CTX.RawArray(ctypes.c_longlong, slots * 4)  # by mode
         self.violations = procs.CTX.RawArray(ctypes.c_longlong, slots * len(VIOLATIONS))
@@ -84,7 +86,10 @@ class Board:
 
     def _check(self, slot: int, mode: int, key: int) -> None:
         """Look at every other live slot inside ``key``; count what must not be."""
-        readers = permits = 1
+        if mode == PERMIT:
+            self._count_permits(slot, key)
+            return
+        readers = 1
         for other in range(self.slots):
             if other == slot or self.dying[other]:
                 continue
@@ -92,12 +97,7 @@ class Board:
             if place == 0 or place % PLACES != key:
                 continue
             other_mode = place // PLACES
-            if mode == PERMIT:
-                if other_mode == PERMIT:
-                    permits += 1
-                    if permits > self.permits:
-                        self._note(OVER_PERMITS, slot, other)
-            elif other_mode == WRITE:
+            if other_mode == WRITE:
                 kind = WRITE_BESIDE_WRITE if mode == WRITE else READ_BESIDE_WRITE
                 self._note(kind, slot, other)
             elif other_mode == READ:
@@ -106,13 +106,33 @@ class Board:
                 readers += 1
         if mode == READ:
             self.most_readers[slot] = max(self.most_readers[slot], readers)
-        elif mode == PERMIT:
-            self.most_permits[slot] = max(self.most_permits[slot], permits)
+
+    def _count_permits(self, slot: int, key: int) -> None:
+        """Count the live slots inside semaphore ``key`` at one moment, this one among
+        them: those whose turn was odd and the same in two readings of all, and whose
+        place between them was the key's. (One reading of the places, slot by slot,
+        may count a holder that left and, later in it, one that came after: a process
+        switched out halfway through the reading counts more holders than there are.)"""
+        before = self.turns[:]
+        places = self.place[:]
+        after = self.turns[:]
+        inside = [
+            other
+            for other in range(self.slots)
+            if before[other] == after[other]
+            and before[other] % 2
+            and places[other] == PERMIT * PLACES + key
+            and not self.dying[other]
+        ]
+        if len(inside) > self.permits:
+            self._note(OVER_PERMITS, slot, next(other for other in inside if other != slot))
+        self.most_permits[slot] = max(self.most_permits[slot], len(inside))
 
     def enter(self, slot: int, mode: int, key: int, token: int | None) -> None:
         """Go inside ``key`` in ``mode``, held with ``token``, and check."""
         self.pid[slot] = os.getpid()
         self.place[slot] = mode * PLACES + key
+        self.turns[slot] += 1
         self._check(slot, mode, key)
         if mode == PERMIT or token is None:
             return
@@ -130,6 +150,7 @@ class Board:
     def leave(self, slot: int, mode: int, key: int) -> None:
         """Check once more and go outside."""
         self._check(slot, mode, key)
+        self.turns[slot] += 1
         self.place[slot] = 0
         self.sections[slot * 4 + mode] += 1
 
@@ -137,6 +158,7 @@ class Board:
         """Forget a dead process's slots (its holds are gone or being taken over)."""
         for slot in self.process_slots(process):
             self.place[slot] = 0
+            self.turns[slot] = 0
             self.dying[slot] = 0
         self.kill_request[process] = 0
         self.awaiting_kill[process] = 0

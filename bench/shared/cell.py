@@ -20,15 +20,19 @@ class Check:
     """Who is inside which key, and a counter per key that only writers bump.
 
     Each thread (numbered from 1) writes only its own slot: the key it is inside plus
-    one, negated for a write (1 for a permit). Nothing guards them with a mutex, so the
-    check adds no synchronisation that could hide a broken lock.
+    one, negated for a write; and, under a semaphore, its own count of turns, odd while
+    it is inside. Nothing guards them with a mutex, so the check adds no
+    synchronisation that could hide a broken lock.
     """
 
     def __init__(self, threads: int, keys: int) -> None:
         self.slots = CTX.RawArray(ctypes.c_longlong, threads + 1)
+        self.turns = CTX.RawArray(ctypes.c_longlong, threads + 1)
         self.counters = CTX.RawArray(ctypes.c_longlong, keys)
 
     def conflict(self, me: int, index: int, write: bool) -> bool:
+        """Whether another thread is inside key ``index`` beside this one as it must not
+        be; each slot read shows who is inside at that moment, as this thread is."""
         others = self.slots[:]
         others[me] = 0
         return -(index + 1) in others or (write and index + 1 in others)
@@ -49,12 +53,23 @@ class Check:
 
     def permit(self, me: int, seconds: float) -> int:
         """A section under the semaphore; the most holders it saw inside, itself included."""
-        self.slots[me] = 1
-        first = sum(self.slots[:])
+        turns = self.turns
+        turns[me] += 1
+        first = self.inside_at_once()
         time.sleep(seconds)
-        last = sum(self.slots[:])
-        self.slots[me] = 0
+        last = self.inside_at_once()
+        turns[me] += 1
         return max(first, last)
+
+    def inside_at_once(self) -> int:
+        """How many threads were inside at one moment: those whose turn was odd and the
+        same in two readings of all. (One reading, element by element, may count a
+        thread that left and, later in it, one that came after: a process switched
+        out halfway through the reading would count more holders than there are.)"""
+        before = self.turns[:]
+        after = self.turns[:]
+        steady = zip(before, after, strict=True)
+        return sum(1 for turn, again in steady if turn == again and turn % 2)
 
     def lost(self, writes: int) -> int:
         """How many of ``writes`` left no trace in the counters."""
