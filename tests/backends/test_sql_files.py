@@ -19,7 +19,7 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 import tierlock
-from tierlock.backends.sql.table import lock_table
+from tierlock.backends.sql.layout import lock_table
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 DEFAULT_TABLE = "tierlock_locks"

@@ -15,7 +15,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
 import tierlock
-from tierlock.backends.sql.table import lock_table
+from tierlock.backends.sql.layout import lock_table
 
 pytestmark = SHARED_HOLDS
 

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
 from tierlock import LockManager
-from tierlock.backends.sql.table import lock_table
+from tierlock.backends.sql.layout import lock_table
 from tierlock.contrib.django import LockTableError
 from tierlock.contrib.django.conf import resolve
 from tierlock.contrib.django.schema import CreateLockTable, ddl, django_dialect

@@ -16,16 +16,14 @@ cannot both take over one expired file, and a late release cannot delete a new
 holder's. Only creating a free hold and renewing by a touch go without it (see
 ``FileBackend``).
 
-A lock directory may be shared by several users: what the engine makes in it gets the
-group's and others' permissions of the lock directory itself and its setgid bit
-(``Modes``), whatever the umask, so that whoever comes first, the others can use it.
-Files that others write (counters, the clock) appear with their mode already given.
+A lock directory may be shared by several users: what the engine makes in it gets its
+mode from the lock directory's (``modes``), whatever the umask. Files that others write
+(counters, the clock) appear with their mode already given.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import math
@@ -38,9 +36,10 @@ from typing import NamedTuple
 from ...records import LockInfo
 from ...stats import Counters
 from ..basics import Record
+from .modes import Modes, give
 from .names import MAKING
 
-__all__ = ["CREATE_GRACE", "PROVISIONAL", "Directory", "GuardBusy", "Modes", "Seen", "Stored"]
+__all__ = ["CREATE_GRACE", "PROVISIONAL", "Directory", "GuardBusy", "Seen", "Stored"]
 
 # A hold file still empty or half written counts as held for this long from its last
 # write, then as abandoned: its creator died (or is stopped) between its first few
@@ -62,9 +61,6 @@ LONGEST_GUARD_PAUSE = 0.02
 # How long a hold file that this process may not read is tried again, in seconds: long
 # enough for its maker to give it its mode, even on a busy host.
 MODE_WAIT = 1.0
-# What a filesystem without modes (FAT, some SMB mounts) answers a chmod: its mount
-# options decide instead.
-_NO_MODES = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
 def milliseconds(nanoseconds: int) -> int:
@@ -87,36 +83,6 @@ def _locked(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
-
-
-class Modes(NamedTuple):
-    """The modes of what the engine makes in a lock directory: the group's and others'
-    permissions of the lock directory (files without ``x``), so that every user who
-    may use the directory may use what another user made there, and its setgid bit on
-    directories, so that their files keep the directory's group. Never the sticky bit:
-    a waiter must be able to delete a dead holder's file, whoever made it."""
-
-    directory: int
-    file: int
-
-    @classmethod
-    def of(cls, lock_directory: int) -> Modes:
-        """The modes below a lock directory of mode ``lock_directory`` (``st_mode``)."""
-        shared = stat.S_IMODE(lock_directory) & 0o077
-        setgid = lock_directory & stat.S_ISGID
-        return cls(0o700 | shared | setgid, 0o600 | (shared & 0o066))
-
-
-def _give(target: int | str, mode: int) -> None:
-    """``chmod`` what this process just made, be it a descriptor or a path."""
-    try:
-        if isinstance(target, int):
-            os.fchmod(target, mode)
-        else:
-            os.chmod(target, mode)
-    except OSError as exc:
-        if exc.errno not in _NO_MODES:
-            raise
 
 
 class Stored(NamedTuple):
@@ -199,7 +165,7 @@ class Directory:
         # (Linux sets the setgid bit already; a chmod by someone outside the group would
         # clear it, so only one that changes something is made.)
         if stat.S_IMODE(os.stat(self.root).st_mode) != mode:
-            _give(self.root, mode)
+            give(self.root, mode)
 
     def now(self) -> int:
         """The file server's clock, in ms: the time it stamps on a file touched now."""
@@ -229,7 +195,7 @@ class Directory:
         temporary = self.path(MAKING + os.urandom(8).hex())
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _give(fd, self._modes.file)
+            give(fd, self._modes.file)
         finally:
             os.close(fd)
         self._count("statements", 3)
@@ -274,7 +240,7 @@ class Directory:
             return
         try:
             if flags & os.O_EXCL:  # (made by this open)
-                _give(fd, self._modes.file)
+                give(fd, self._modes.file)
                 self._count("statements")
             yield fd
         finally:

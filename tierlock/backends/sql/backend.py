@@ -30,6 +30,7 @@ from .engine import (
     pause_forks_for,
 )
 from .inserts import ExclusiveInsert, exclusive_params
+from .layout import lock_table
 from .link import Link
 from .notify import channel_name
 from .queries import Queries, Query
@@ -39,7 +40,7 @@ from .schema import prepare_table
 from .shared import SharedQueries, SharedStatements
 from .sharedholds import SQLSharedHolds
 from .sweeper import Sweep, Sweeper
-from .table import Statements, lock_table
+from .table import Statements
 from .takeover import Reserved, Takeover, take_reserved
 from .wakeups import WakeUps
 from .watchdog import Watchdog

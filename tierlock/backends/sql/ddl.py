@@ -12,7 +12,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 from ..basics import connect_timeout
 from .columns import MYSQL_FAMILY
-from .table import lock_table
+from .layout import lock_table
 
 __all__ = ["table_ddl"]
 

@@ -32,8 +32,9 @@ from sqlalchemy.sql.expression import ColumnElement, Insert
 
 from ...records import Owner
 from .columns import if_absent, plain
+from .layout import RESERVED
 from .queries import Query
-from .table import RESERVED, holder_values, key_serialiser
+from .table import holder_values, key_serialiser
 
 if TYPE_CHECKING:
     from sqlalchemy import Table

@@ -9,7 +9,7 @@ from typing import Any
 from ...keys import user_key
 from ...records import LockInfo, Owner
 from ..basics import fencing_token
-from .table import GROUP, PERMIT, SHARED
+from .layout import GROUP, PERMIT, SHARED
 
 # What LockInfo.mode says of a row's mode: a group row stands for shared holds.
 MODES = {None: "exclusive", GROUP: "shared", SHARED: "shared", PERMIT: "permit"}

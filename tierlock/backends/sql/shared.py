@@ -27,13 +27,11 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.sql.expression import ColumnElement, Delete, Insert, Select, Update
 
 from .columns import if_absent, larger, unindexed, utc_after, utc_now
+from .layout import GROUP, RESERVED, SHARED
 from .notify import WRITER
 from .queries import Queries, Query
 from .table import (
-    GROUP,
     REAP_BATCH,
-    RESERVED,
-    SHARED,
     _between,
     _expired,
     holder_values,

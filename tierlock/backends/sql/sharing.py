@@ -52,10 +52,10 @@ from typing import Any, NamedTuple, Protocol
 from ... import process
 from ...keys import MARK, permit_key, reader_key, user_key
 from ...stats import Counters
+from .layout import GROUP, PERMIT, RESERVED, SHARED
 from .link import Link, Undo
 from .queries import Queries, Query
 from .shared import SharedQueries
-from .table import GROUP, PERMIT, RESERVED, SHARED
 
 __all__ = [
     "ENDED",

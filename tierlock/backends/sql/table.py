@@ -1,5 +1,5 @@
-"""The lock table and every SQL statement of exclusive holds (those of read holds and
-permits: ``shared``).
+"""Every SQL statement of exclusive holds on the lock table (``layout``; those of read
+holds and permits: ``shared``).
 
 All times are taken from the database (semantic 3): ``utc_now()`` and ``utc_after()``
 (in ``columns``) compile to each dialect's own clock, so a client with a skewed clock
@@ -12,15 +12,10 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Column,
-    Double,
     Float,
-    Index,
     Integer,
-    MetaData,
     String,
     Table,
-    UniqueConstraint,
     bindparam,
     delete,
     func,
@@ -40,44 +35,26 @@ from sqlalchemy.sql.expression import (
 
 from .columns import (
     MYSQL_FAMILY,
-    ROW_KEY_LENGTH,
-    LockKeyType,
-    Timestamp,
     if_absent,
     plain,
     unindexed,
     utc_after,
     utc_now,
 )
+from .layout import GROUP, RESERVED, SHARED
 from .notify import FORCED
 
 __all__ = [
-    "GROUP",
     "HOLDER",
-    "PERMIT",
-    "RESERVED",
-    "SHARED",
     "Statements",
     "holder_values",
     "key_serialiser",
     "listed",
-    "lock_table",
 ]
 
 # The reaper deletes at most this many rows per statement, so one pass never locks a
 # large part of the table at once.
 REAP_BATCH = 500
-
-
-# What a row is, in its ``mode`` column: NULL for an exclusive hold; a group row holds
-# a key for its readers, each of whom has a row of its own under the key; a permit row
-# is one slot of a semaphore (see ``shared``).
-GROUP = "group"
-SHARED = "shared"
-PERMIT = "permit"
-# A group whose last reader left while a writer waited becomes a reservation: readers
-# keep out, and a writer deletes it and inserts its own row.
-RESERVED = "reserved"
 
 
 def key_serialiser(table: Table, key: ColumnElement[Any] | None = None) -> Select[Any]:
@@ -89,58 +66,6 @@ def key_serialiser(table: Table, key: ColumnElement[Any] | None = None) -> Selec
     # (The table's name is written into the SQL: one parameter less to send.)
     locked = func.pg_advisory_xact_lock(func.hashtext(plain(table.name)), key_hash)
     return select(locked.label("locked"))
-
-
-def lock_table(name: str, metadata: MetaData | None = None) -> Table:
-    """The lock table. ``token`` is an ever-increasing identity, the base of the
-    fencing token: SQLite's AUTOINCREMENT, MySQL's persistent AUTO_INCREMENT and
-    PostgreSQL's sequence never hand out a value twice, across restarts too.
-    ``handoffs`` counts the in-process hand-offs of the row (see ``basics.fencing_token``).
-
-    The columns after ``expires_at`` came with renewed leases and are nullable, so that
-    a table of an earlier version gains them in place: ``lease`` is what the holder's
-    heartbeat renews the row by (``NULL``: a fixed lease), and ``host_id`` and
-    ``proc_start`` identify the holder process well enough to prove it gone (see
-    ``tierlock.process``).
-
-    The last five came with read holds and semaphores (see ``shared``): ``mode`` is
-    ``NULL`` for an exclusive hold, else one of ``MODES``; ``members``, ``waiting`` and
-    ``permits`` belong to a group row and to permit rows, ``parent`` to a reader's row."""
-    return Table(
-        name,
-        metadata if metadata is not None else MetaData(),
-        Column(
-            "token",
-            BigInteger().with_variant(Integer(), "sqlite"),
-            primary_key=True,
-            autoincrement=True,
-        ),
-        Column("lock_key", LockKeyType(ROW_KEY_LENGTH), nullable=False),
-        Column("handoffs", Integer, nullable=False, server_default=text("0")),
-        Column("owner_id", String(32), nullable=False),
-        Column("host", String(255), nullable=False),
-        Column("pid", Integer, nullable=False),
-        Column("thread_id", BigInteger, nullable=False),
-        Column("thread_name", String(255), nullable=False),
-        Column("acquired_at", Timestamp, nullable=False),
-        Column("expires_at", Timestamp, nullable=False),
-        Column("lease", Double),
-        Column("host_id", String(64)),
-        Column("proc_start", BigInteger),
-        Column("mode", String(8)),
-        Column("members", Integer),
-        Column("waiting", Timestamp),
-        Column("permits", Integer),
-        Column("parent", BigInteger),
-        UniqueConstraint("lock_key", name=f"uq_{name}_lock_key"),
-        Index(f"ix_{name}_expires_at", "expires_at"),
-        sqlite_autoincrement=True,
-        # A mysql+ URL on MariaDB compiles with the "mysql" dialect, mariadb+ with "mariadb".
-        mysql_engine="InnoDB",
-        mysql_charset="utf8mb4",
-        mariadb_engine="InnoDB",
-        mariadb_charset="utf8mb4",
-    )
 
 
 def holder_values(suffix: str = "") -> dict[str, ColumnElement[Any]]:

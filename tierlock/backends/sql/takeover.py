@@ -22,9 +22,9 @@ from ... import process
 from ...keys import stand_in_key
 from ...memories import remember
 from ...stats import Counters
+from .layout import GROUP, RESERVED
 from .link import Link, Undo
 from .queries import Queries
-from .table import GROUP, RESERVED
 
 __all__ = ["Reserved", "Takeover"]
 

@@ -42,7 +42,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.schema import CreateIndex, CreateTable, ExecutableDDLElement
 
 from ...backends.sql.engine import engine_for_url, unreachable
-from ...backends.sql.table import lock_table
+from ...backends.sql.layout import lock_table
 from ...base import DEFAULT_DATABASE_TIMEOUT
 from ...errors import UNREACHABLE, BackendError, LockError
 from ...manager import LockManager
