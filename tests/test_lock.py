@@ -510,6 +510,26 @@ def test_a_statement_refused_for_contention_is_sent_again_and_counted(
     assert not manager.lock(key).locked()
 
 
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_try_refused_for_contention_is_counted(
+    make_manager: MakeManager, key: str, tmp_path: Path
+) -> None:
+    """A try to acquire that meets another connection's write (SQLite's busy file; on a
+    server, a deadlock the database broke) is a miss, tried again at the next try, and
+    ``stats().contention_retries`` counts it as it counts a statement sent again."""
+    path = tmp_path / "locks.sqlite3"
+    manager = make_manager(f"sqlite:///{path}")
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # the file's one write lock, held throughout
+        before = manager.stats().contention_retries
+        assert not manager.lock(key).acquire(timeout=0.5)
+        assert manager.stats().contention_retries > before
+    finally:
+        writer.close()
+    assert manager.lock(key).acquire(timeout=10)
+
+
 def test_synchronized_formats_the_key_from_arguments(make_manager: MakeManager, key: str) -> None:
     manager, other = make_manager(), make_manager()
     seen: list[tuple[str, bool]] = []

@@ -28,9 +28,10 @@ class LockStats:
     wakeups: int = 0  #: SQLite: pollers of other processes woken after a row left
     #: SQL statements that carried the inserts or releases of several threads at once
     shared_statements: int = 0
-    #: statements the database refused for contention and that were sent again: a
-    #: deadlock it broke or a lock wait that timed out (MariaDB/MySQL 1213, 1205, and
-    #: 1467, its auto-increment read; PostgreSQL 40P01, 40001, 55P03), SQLite's busy file
+    #: statements the database refused for contention, sent again at once or, in a try
+    #: to acquire, at the next try: a deadlock it broke or a lock wait that timed out
+    #: (MariaDB/MySQL 1213, 1205, and 1467, its auto-increment read; PostgreSQL 40P01,
+    #: 40001, 55P03), SQLite's busy file
     contention_retries: int = 0
     inserts: int = 0  #: lock rows inserted (holds won in the database, keys or nodes made)
     insert_conflicts: int = 0  #: inserts that found the key held elsewhere
