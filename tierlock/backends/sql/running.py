@@ -243,7 +243,7 @@ class Runner:
                     raise BackendError(self.message(what, exc), key) from exc
                 if kind == _CONTENTION and on_contention is not None and not uncertain:
                     # (Once uncertain, retry instead: the next try checks by owner id.)
-                    self.counters.add("contention_retries")  # (its caller tries again)
+                    self.counters.add("contention_retries")  # (a miss its caller may try again)
                     return on_contention()
                 self._retrying(what, key, kind, exc)
                 if kind == _CONNECTION:
