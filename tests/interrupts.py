@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import procs
 
 __all__ = ["Interrupted", "interrupting"]
+
+# How long the signalling thread waits for the handler to have run before it signals
+# again (see ``interrupting``).
+RESEND_AFTER = 0.1
 
 Steps = Callable[[], object]
 
@@ -25,12 +30,21 @@ def interrupting(exception: type[BaseException]) -> Iterator[Callable[[Steps], N
     (and brings about) the moment to interrupt at, and must leave the main thread
     blocked there, so the signal lands exactly at that point; if ``steps`` fails, the
     handler raises an AssertionError that says how, instead of leaving the main thread
-    blocked until something else ends its wait."""
+    blocked until something else ends its wait.
+
+    A signal that comes after the main thread last looked for one and before it enters
+    a blocking lock's system call is handled only once that call returns: so the signal
+    is sent again until the handler has run, and the handler raises once per ``arm``
+    (and once for a signal a test sends itself, with no ``arm``)."""
     assert threading.current_thread() is threading.main_thread()
     main = threading.get_ident()
     failed: list[BaseException] = []
+    raised = threading.Event()  # since the last ``arm``
 
     def raise_it(signum: int, frame: object) -> None:
+        if raised.is_set():
+            return  # (a repeat of a signal whose interrupt was raised already)
+        raised.set()
         if failed:  # (the main thread is blocked where the steps never saw it)
             raise AssertionError(f"the steps before the interrupt failed: {failed[0]!r}")
         raise exception
@@ -44,7 +58,11 @@ def interrupting(exception: type[BaseException]) -> Iterator[Callable[[Steps], N
                 steps()
             except BaseException as exc:
                 failed.append(exc)
+            raised.clear()
+            deadline = time.monotonic() + procs.WAIT_LIMIT
             signal.pthread_kill(main, signal.SIGUSR1)
+            while not raised.wait(RESEND_AFTER) and time.monotonic() < deadline:
+                signal.pthread_kill(main, signal.SIGUSR1)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
