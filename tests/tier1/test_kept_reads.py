@@ -12,6 +12,7 @@ preference test checks, with the real window."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import procs
@@ -24,6 +25,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 import tierlock
+from tierlock.backends.sql import takeover
 from tierlock.backends.sql.notify import channel_name
 from tierlock.tier1 import readholds
 
@@ -85,6 +87,70 @@ def test_a_writer_of_the_process_ends_its_kept_read_hold_first(
     assert writer.token is not None and writer.token > token
     assert not other.read_lock(key).acquire(blocking=False)
     writer.release()
+
+
+@pytest.mark.parametrize(
+    "db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+def test_a_writer_whose_process_left_a_group_others_read_marks_it_first(
+    make_manager: MakeManager, key: str, driver_statements: DriverStatements, long_window: None
+) -> None:
+    """A writer whose own process gives back a kept read hold while another process
+    still reads the key marks the group at once: no insert, no read of the holder's
+    row before its mark. (Where the leave says how many readers remain: PostgreSQL and
+    SQLite, whose UPDATE ... RETURNING MariaDB lacks.)"""
+    manager, other = make_manager(), make_manager()
+    token = read_twice(manager.read_lock(key))
+    read_twice(other.read_lock(key))
+    got: list[int | None] = []
+
+    def write() -> None:
+        writer = manager.lock(key)
+        if writer.acquire(timeout=procs.WAIT_LIMIT):
+            got.append(writer.token)
+            writer.release()
+
+    thread = threading.Thread(target=write, name="writer")
+    thread.start()
+    wait_until(lambda: _marks(driver_statements), "the writer's mark")
+    other.close()  # (gives its kept hold back, if the mark did not end it already)
+    thread.join(procs.WAIT_LIMIT)
+    assert got and got[0] is not None and got[0] > token, "the writer did not get the key"
+    sent = [sent for name, sent in driver_statements.sent if name == "writer"]
+    before_mark = sent[: next(at for at, one in enumerate(sent) if "SET waiting" in one)]
+    assert before_mark and not any("INSERT" in one for one in before_mark), sent
+    assert not any("SELECT" in one and "DELETE" not in one for one in before_mark), sent
+
+
+@pytest.mark.parametrize(
+    "db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)], indirect=True
+)
+def test_a_writer_that_marks_a_group_gone_since_inserts_in_the_same_try(
+    make_manager: MakeManager,
+    key: str,
+    driver_statements: DriverStatements,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group its process left has ended since (its last reader left too): the
+    writer's mark finds no group, and the same try inserts and wins, with no pause."""
+    monkeypatch.setattr(takeover, "HOLDER_MEMORY", LONG_WINDOW)  # (the left group's memory)
+    manager, other = make_manager(), make_manager()
+    kept_open = other.read_lock(key)
+    assert kept_open.acquire()
+    with manager.read_lock(key):  # (one read: its process leaves as it ends, not keeping)
+        pass
+    kept_open.release()
+    assert other.holders() == [], "a read hold stayed"
+    before = len(driver_statements.sent)
+    writer = manager.lock(key)
+    assert writer.acquire(timeout=procs.WAIT_LIMIT)
+    sent = driver_statements.by_this_thread(before)
+    assert len(sent) == 2 and "SET waiting" in sent[0] and "INSERT" in sent[1], sent
+    writer.release()
+
+
+def _marks(statements: DriverStatements) -> bool:
+    return any(name == "writer" and "SET waiting" in one for name, one in statements.sent)
 
 
 @pytest.mark.postgresql

@@ -167,10 +167,14 @@ class SQLBackend(TableAdmin, LockBackend):
             params = exclusive_params(key, owner, ttl, lease)
         replace = None if query is None else self._exclusive_insert.replacing(owner)
         marked = None if replace is None else self._takeover.marked_group(key)
+        # (A group this process's readers just left: a try that may wait marks it first.)
+        may_wait = limit is None or limit > 0
+        left = marked is None and may_wait and self._takeover.just_left(key)
         doubts = self._runner.doubts
         first: Inserted = ALONE
         if (
             marked is None
+            and not left
             and query is not None
             and self._batches.shared
             and owner.owner_id not in doubts
@@ -182,7 +186,7 @@ class SQLBackend(TableAdmin, LockBackend):
         queries = self.queries
 
         def attempt(link: Link, uncertain: bool) -> int | None:
-            nonlocal first, marked
+            nonlocal first, marked, left
             token = None
             if uncertain:
                 # A dropped connection hid whether our insert committed: ask.
@@ -192,6 +196,11 @@ class SQLBackend(TableAdmin, LockBackend):
             if marked is not None:  # (the reservation is likely there: take it first)
                 token = self._claim(link, key, marked, params, query, replace)
                 marked = None
+            if left:
+                left = False
+                self.limit_busy_wait(link, limit)
+                if self._takeover.mark_left_group(link, key, limit) is False:
+                    return None  # (readers still count in it: a miss, as after an insert)
             if token is not None:
                 pass
             elif first is None:  # (a shared insert found the key held just now)

@@ -90,6 +90,8 @@ class SQLSharedHolds(SharedHolds):
             return members
 
         members: int | None = run("release", key, attempt)
+        if members is not None and members > 0:
+            self._backend.takeover.others_read(key, group, members)
         if members == ENDED or (
             members == 0
             and run("release", key, lambda link, _: steps.drop_if_empty(link, key, group))

@@ -284,12 +284,14 @@ class Sharing:
         """A writer found ``key`` held by the live group ``group`` of ``members``
         readers: close it to new readers if the writer will wait (for ``wait`` seconds;
         ``None``: no limit), count out readers whose lease ended or whose process is
-        gone, and delete the group if that left it empty; ``True`` if it is gone, so the
-        writer inserts again. (A group that still counts readers is left to the last of
-        them, whose leave sees the mark and leaves the row to writers.)"""
+        gone, and delete the group if that left it empty; ``True`` if it is gone (or the
+        mark found no group of the key), so the writer inserts again. (A group that
+        still counts readers is left to the last of them, whose leave sees the mark and
+        leaves the row to writers.)"""
         if wait is None or wait > 0:
             mark = WRITER_WAIT if wait is None else min(wait, WRITER_WAIT)
-            link.execute(self.queries.writer_waits, {"key": key, "wait": mark})
+            if not link.execute(self.queries.writer_waits, {"key": key, "wait": mark}).rowcount:
+                return True
         freed = 0
         for row in link.execute(self.queries.select_under, slot_range(key, "r")).records():
             freed += self._free_reader(link, key, row)
